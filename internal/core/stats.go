@@ -1,0 +1,108 @@
+package core
+
+// Stat is one counter with PyTorch's meanings: Current and Peak values, and
+// the totals ever added (Allocated) and taken away (Freed).
+type Stat struct {
+	Current   int64 `json:"current"`
+	Peak      int64 `json:"peak"`
+	Allocated int64 `json:"allocated"`
+	Freed     int64 `json:"freed"`
+}
+
+// Add changes the counter by n (negative to take away) and keeps the peak.
+func (s *Stat) Add(n int64) {
+	s.Current += n
+	if n >= 0 {
+		s.Allocated += n
+	} else {
+		s.Freed -= n
+	}
+	if s.Current > s.Peak {
+		s.Peak = s.Current
+	}
+}
+
+// ResetPeak makes the peak the current value.
+func (s *Stat) ResetPeak() { s.Peak = s.Current }
+
+// PoolStat is a counter for all pools together and for each pool, as
+// PyTorch's "all", "small_pool" and "large_pool".
+type PoolStat struct {
+	All   Stat `json:"all"`
+	Small Stat `json:"small_pool"`
+	Large Stat `json:"large_pool"`
+}
+
+// Pool names the pool of a block: requests up to the small-pool limit
+// (1 MiB by default) are small, the rest large.
+type Pool int
+
+const (
+	Small Pool = iota
+	Large
+)
+
+func (p Pool) String() string {
+	if p == Small {
+		return "small"
+	}
+	return "large"
+}
+
+// Add changes the counter of pool p and of all pools by n.
+func (s *PoolStat) Add(p Pool, n int64) {
+	s.All.Add(n)
+	if p == Small {
+		s.Small.Add(n)
+	} else {
+		s.Large.Add(n)
+	}
+}
+
+// ResetPeak resets the peaks of all three counters.
+func (s *PoolStat) ResetPeak() {
+	s.All.ResetPeak()
+	s.Small.ResetPeak()
+	s.Large.ResetPeak()
+}
+
+// Stats are an allocator's statistics, with the meanings of PyTorch's
+// torch.cuda.memory_stats:
+//   - AllocatedBytes: bytes of blocks handed out to callers (rounded sizes).
+//   - ReservedBytes: bytes of device memory held by the allocator (mapped
+//     pages for the expandable allocator, segments for fallback).
+//   - ActiveBytes: allocated bytes plus freed blocks still waiting for
+//     stream work to complete before reuse.
+//   - RequestedBytes: bytes callers asked for, before rounding.
+//   - Allocations / Segments / ActiveBlocks: counts.
+type Stats struct {
+	AllocatedBytes PoolStat `json:"allocated_bytes"`
+	ReservedBytes  PoolStat `json:"reserved_bytes"`
+	ActiveBytes    PoolStat `json:"active_bytes"`
+	RequestedBytes PoolStat `json:"requested_bytes"`
+	Allocations    PoolStat `json:"allocation"`
+	ActiveBlocks   PoolStat `json:"active"`
+	Segments       PoolStat `json:"segment"`
+
+	NumAllocRetries int64 `json:"num_alloc_retries"`
+	NumOOMs         int64 `json:"num_ooms"`
+	// Maps and Unmaps count pages mapped and unmapped; MapCalls and
+	// SetAccessCalls the driver calls that did it (a run of pages takes one
+	// set-access call).
+	Maps           int64 `json:"num_maps"`
+	Unmaps         int64 `json:"num_unmaps"`
+	SetAccessCalls int64 `json:"num_set_access_calls"`
+	// Syncs counts waits on events or streams the allocator made.
+	Syncs int64 `json:"num_syncs"`
+	// PagesCreated and PagesReused count physical pages made with the
+	// driver and taken from the released-page cache.
+	PagesCreated int64 `json:"num_pages_created"`
+	PagesReused  int64 `json:"num_pages_reused"`
+}
+
+// ResetPeaks makes every peak the current value.
+func (s *Stats) ResetPeaks() {
+	for _, p := range []*PoolStat{&s.AllocatedBytes, &s.ReservedBytes, &s.ActiveBytes, &s.RequestedBytes, &s.Allocations, &s.ActiveBlocks, &s.Segments} {
+		p.ResetPeak()
+	}
+}

@@ -1,0 +1,103 @@
+package vmm
+
+// Driver is the contract every memory backend meets. All sizes and offsets of
+// the address-range and page methods are multiples of the device's
+// granularity (DeviceInfo.Granularity) unless a method says otherwise; a
+// violation is ErrInvalid. A Driver is safe for concurrent use.
+type Driver interface {
+	// Backend names the backend: "cuda" or "host".
+	Backend() string
+	// DriverVersion is the driver's version as CUDA encodes it
+	// (1000*major + 10*minor); the host backend reports 0.
+	DriverVersion() (int, error)
+	// DeviceCount is the number of devices.
+	DeviceCount() (int, error)
+	// DeviceInfo describes a device.
+	DeviceInfo(dev Device) (DeviceInfo, error)
+	// MemInfo reports free and total bytes of a device.
+	MemInfo(dev Device) (free, total uint64, err error)
+
+	// Reserve makes a new range of size bytes, aligned to align (0: the
+	// granularity), in state reserved: addresses set aside, nothing behind
+	// them. none -> reserved.
+	Reserve(size, align uint64) (DevicePtr, error)
+	// Unreserve gives back a whole range made by Reserve. Nothing in it may
+	// be mapped (ErrInUse). reserved -> none.
+	Unreserve(ptr DevicePtr, size uint64) error
+
+	// Create makes a physical page of size bytes on dev, exportable as the
+	// kinds in types. Beyond the device's memory it fails with
+	// ErrOutOfMemory.
+	Create(dev Device, size uint64, types HandleType) (Handle, error)
+	// Release destroys a page. It may not be mapped (ErrInUse); releasing
+	// an unknown or already released handle is ErrInvalid.
+	Release(h Handle) error
+
+	// Map puts size bytes of page h, from offset, behind [ptr, ptr+size),
+	// which must lie inside one reservation and overlap no mapping.
+	// The range is not yet accessible. reserved -> mapped.
+	Map(ptr DevicePtr, size uint64, h Handle, offset uint64) error
+	// Unmap removes the mappings that exactly cover [ptr, ptr+size): one
+	// mapping or a run of adjacent whole mappings. mapped/accessible ->
+	// reserved. If it fails part way, the mappings it removed are gone and
+	// the rest stay; the error says so.
+	Unmap(ptr DevicePtr, size uint64) error
+	// SetAccess sets the access of the listed devices to [ptr, ptr+size),
+	// which must be covered entirely by mappings (a run of pages takes one
+	// call). mapped -> accessible.
+	SetAccess(ptr DevicePtr, size uint64, access []AccessDesc) error
+
+	// ExportFD returns a new file descriptor, owned by the caller, that
+	// names page h, which must have been created with HandlePosixFD.
+	ExportFD(h Handle) (int, error)
+	// ImportFD makes a handle for the page that fd names (an fd from
+	// ExportFD, perhaps of another process). The fd is not consumed.
+	ImportFD(fd int) (Handle, error)
+	// ExportFabric returns the fabric handle of a page created with
+	// HandleFabric.
+	ExportFabric(h Handle) (FabricHandle, error)
+	// ImportFabric makes a handle for the page a fabric handle names.
+	ImportFabric(fh FabricHandle) (Handle, error)
+
+	// StreamCreate makes a non-blocking stream on dev.
+	StreamCreate(dev Device) (Stream, error)
+	// StreamDestroy destroys a stream made by StreamCreate.
+	StreamDestroy(s Stream) error
+	// StreamSynchronize waits for all work queued on s.
+	StreamSynchronize(s Stream) error
+	// EventCreate makes an event on dev (timing disabled).
+	EventCreate(dev Device) (Event, error)
+	// EventRecord records e on s: e completes when the work queued on s so
+	// far has finished.
+	EventRecord(e Event, s Stream) error
+	// EventQuery reports whether e has completed, without waiting.
+	EventQuery(e Event) (bool, error)
+	// EventSynchronize waits for e to complete.
+	EventSynchronize(e Event) error
+	// EventDestroy destroys an event.
+	EventDestroy(e Event) error
+
+	// CopyHtoD copies src to device memory at dst and waits for the copy.
+	CopyHtoD(dst DevicePtr, src []byte) error
+	// CopyDtoH copies len(dst) bytes from device memory at src and waits.
+	CopyDtoH(dst []byte, src DevicePtr) error
+	// CopyDtoD copies n bytes between device addresses (of the same or of
+	// two devices) and waits.
+	CopyDtoD(dst, src DevicePtr, n uint64) error
+	// Memset sets n bytes at dst to value and waits. Any size is allowed.
+	Memset(dst DevicePtr, value byte, n uint64) error
+
+	// MemAlloc makes a plain allocation of size bytes (any size) on dev,
+	// readable and writable by dev at once: cuMemAlloc, for devices and
+	// drivers without VMM.
+	MemAlloc(dev Device, size uint64) (DevicePtr, error)
+	// MemFree frees an allocation made by MemAlloc.
+	MemFree(ptr DevicePtr) error
+
+	// Usage reports what this driver has outstanding.
+	Usage() Usage
+	// Close releases the driver's own resources. It does not free what the
+	// caller still holds; Usage says what that is. Calls after Close fail
+	// with ErrClosed. Close is idempotent.
+	Close() error
+}

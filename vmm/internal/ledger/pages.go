@@ -1,0 +1,253 @@
+package ledger
+
+import (
+	"fmt"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// AddPage records a page the backend has just created or imported.
+func (l *Ledger) AddPage(h vmm.Handle, dev vmm.Device, size uint64, types vmm.HandleType) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pages[h] = &Page{Handle: h, Device: dev, Size: size, Types: types}
+	l.usage.Handles++
+	l.usage.HandleBytes += size
+}
+
+// Page returns a copy of the live page h.
+func (l *Ledger) Page(h vmm.Handle) (Page, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p, ok := l.pages[h]
+	if !ok {
+		return Page{}, fmt.Errorf("page handle %#x is not live: %w", uint64(h), vmm.ErrInvalid)
+	}
+	return *p, nil
+}
+
+// BeginRelease checks that h is a live page that is not mapped and removes
+// it from the books. It returns the page for the backend's use.
+func (l *Ledger) BeginRelease(h vmm.Handle) (Page, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p, ok := l.pages[h]
+	if !ok {
+		return Page{}, fmt.Errorf("releasing page handle %#x: not a live page (released twice?): %w", uint64(h), vmm.ErrInvalid)
+	}
+	if p.maps > 0 {
+		return Page{}, fmt.Errorf("releasing page handle %#x: still mapped %d times: %w", uint64(h), p.maps, vmm.ErrInUse)
+	}
+	delete(l.pages, h)
+	l.usage.Handles--
+	l.usage.HandleBytes -= p.Size
+	return *p, nil
+}
+
+// UndoRelease puts back a page BeginRelease removed.
+func (l *Ledger) UndoRelease(p Page) { l.AddPage(p.Handle, p.Device, p.Size, p.Types) }
+
+// BeginMap checks a Map call and records the mapping: [ptr, ptr+size) is
+// aligned, inside one reservation, overlaps no mapping, and [offset,
+// offset+size) lies inside page h.
+func (l *Ledger) BeginMap(ptr vmm.DevicePtr, size uint64, h vmm.Handle, offset uint64) (Mapping, error) {
+	if err := l.checkAligned("mapping", ptr, size); err != nil {
+		return Mapping{}, err
+	}
+	if offset%l.gran != 0 {
+		return Mapping{}, fmt.Errorf("mapping at %v: page offset %d is not aligned to %d: %w", ptr, offset, l.gran, vmm.ErrInvalid)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p, ok := l.pages[h]
+	if !ok {
+		return Mapping{}, fmt.Errorf("mapping at %v: page handle %#x is not live: %w", ptr, uint64(h), vmm.ErrInvalid)
+	}
+	if offset+size > p.Size || offset+size < offset {
+		return Mapping{}, fmt.Errorf("mapping at %v: %d bytes from offset %d exceed the page's %d: %w", ptr, size, offset, p.Size, vmm.ErrInvalid)
+	}
+	end := ptr.Add(size)
+	if _, ok := l.rangeOf(ptr, end); !ok {
+		return Mapping{}, fmt.Errorf("mapping %v+%d: not inside a reserved range: %w", ptr, size, vmm.ErrInvalid)
+	}
+	if n := l.mappingsIn(ptr, end); n > 0 {
+		return Mapping{}, fmt.Errorf("mapping %v+%d: overlaps %d existing mappings: %w", ptr, size, n, vmm.ErrInvalid)
+	}
+	m := Mapping{Ptr: ptr, Size: size, Handle: h, Offset: offset, Device: p.Device}
+	l.maps.ReplaceOrInsert(m)
+	p.maps++
+	l.usage.Mappings++
+	l.usage.MappedBytes += size
+	return m, nil
+}
+
+// UndoMap removes a mapping BeginMap recorded.
+func (l *Ledger) UndoMap(m Mapping) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.dropMapping(m)
+}
+
+func (l *Ledger) dropMapping(m Mapping) {
+	if _, ok := l.maps.Delete(m); !ok {
+		return
+	}
+	if p, ok := l.pages[m.Handle]; ok {
+		p.maps--
+	}
+	l.usage.Mappings--
+	l.usage.MappedBytes -= m.Size
+}
+
+// covering returns the mappings that exactly and contiguously cover
+// [ptr, ptr+size).
+func (l *Ledger) covering(what string, ptr vmm.DevicePtr, size uint64) ([]Mapping, error) {
+	if err := l.checkAligned(what, ptr, size); err != nil {
+		return nil, err
+	}
+	end := ptr.Add(size)
+	var ms []Mapping
+	next := ptr
+	l.maps.AscendRange(Mapping{Ptr: ptr}, Mapping{Ptr: end}, func(m Mapping) bool {
+		if m.Ptr != next {
+			return false
+		}
+		ms = append(ms, m)
+		next = m.end()
+		return true
+	})
+	if next != end {
+		if len(ms) == 0 {
+			return nil, fmt.Errorf("%s %v+%d: nothing is mapped at %v: %w", what, ptr, size, ptr, vmm.ErrInvalid)
+		}
+		return nil, fmt.Errorf("%s %v+%d: mappings do not cover it exactly (gap or partial mapping at %v): %w", what, ptr, size, next, vmm.ErrInvalid)
+	}
+	return ms, nil
+}
+
+// BeginUnmap finds the whole mappings that exactly cover [ptr, ptr+size) and
+// removes them from the books.
+func (l *Ledger) BeginUnmap(ptr vmm.DevicePtr, size uint64) ([]Mapping, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ms, err := l.covering("unmapping", ptr, size)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range ms {
+		l.dropMapping(m)
+	}
+	return ms, nil
+}
+
+// UndoUnmap puts back mappings BeginUnmap removed (those the backend failed
+// to unmap).
+func (l *Ledger) UndoUnmap(ms []Mapping) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, m := range ms {
+		l.maps.ReplaceOrInsert(m)
+		if p, ok := l.pages[m.Handle]; ok {
+			p.maps++
+		}
+		l.usage.Mappings++
+		l.usage.MappedBytes += m.Size
+	}
+}
+
+// SetAccess checks that [ptr, ptr+size) is covered by mappings and records
+// the access granted. It returns the mappings, with the access they had
+// before, for UndoAccess.
+func (l *Ledger) SetAccess(ptr vmm.DevicePtr, size uint64, access []vmm.AccessDesc) ([]Mapping, error) {
+	for _, a := range access {
+		if a.Flags != vmm.AccessNone && a.Flags != vmm.AccessRead && a.Flags != vmm.AccessReadWrite {
+			return nil, fmt.Errorf("setting access at %v: unknown access flags %#x: %w", ptr, uint32(a.Flags), vmm.ErrInvalid)
+		}
+	}
+	if len(access) == 0 {
+		return nil, fmt.Errorf("setting access at %v: no access descriptors: %w", ptr, vmm.ErrInvalid)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ms, err := l.covering("setting access", ptr, size)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range ms {
+		n := m
+		n.Access = mergeAccess(m.Access, access)
+		l.maps.ReplaceOrInsert(n)
+	}
+	return ms, nil
+}
+
+// UndoAccess restores the access of mappings SetAccess changed.
+func (l *Ledger) UndoAccess(ms []Mapping) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, m := range ms {
+		if _, ok := l.maps.Get(m); ok {
+			l.maps.ReplaceOrInsert(m)
+		}
+	}
+}
+
+func mergeAccess(old, set []vmm.AccessDesc) []vmm.AccessDesc {
+	out := make([]vmm.AccessDesc, 0, len(old)+len(set))
+	for _, o := range old {
+		keep := true
+		for _, s := range set {
+			if s.Device == o.Device {
+				keep = false
+			}
+		}
+		if keep {
+			out = append(out, o)
+		}
+	}
+	for _, s := range set {
+		if s.Flags != vmm.AccessNone {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Lookup returns the mapping that contains ptr.
+func (l *Ledger) Lookup(ptr vmm.DevicePtr) (Mapping, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mappingAt(ptr)
+}
+
+// Accessible reports whether dev may access all of [ptr, ptr+n) with at least
+// the given flags: every byte is mapped and dev was granted access.
+func (l *Ledger) Accessible(ptr vmm.DevicePtr, n uint64, dev vmm.Device, want vmm.Access) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	end := ptr.Add(n)
+	for p := ptr; p < end; {
+		m, ok := l.mappingAt(p)
+		if !ok {
+			return fmt.Errorf("address %v is not mapped: %w", p, vmm.ErrInvalid)
+		}
+		granted := vmm.AccessNone
+		for _, a := range m.Access {
+			if a.Device == dev {
+				granted = a.Flags
+			}
+		}
+		if granted&want != want {
+			return fmt.Errorf("address %v: device %d has no %s access: %w", p, dev, accessName(want), vmm.ErrInvalid)
+		}
+		p = m.end()
+	}
+	return nil
+}
+
+func accessName(a vmm.Access) string {
+	if a == vmm.AccessReadWrite {
+		return "write"
+	}
+	return "read"
+}
