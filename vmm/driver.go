@@ -33,8 +33,10 @@ type Driver interface {
 	// an unknown or already released handle is ErrInvalid.
 	Release(h Handle) error
 
-	// Map puts size bytes of page h, from offset, behind [ptr, ptr+size),
-	// which must lie inside one reservation and overlap no mapping.
+	// Map puts page h behind [ptr, ptr+size), which must lie inside one
+	// reservation and overlap no mapping. Only whole pages can be mapped:
+	// offset must be 0 and size the page's size (CUDA's cuMemMap allows
+	// nothing else); anything else is ErrNotSupported on every backend.
 	// The range is not yet accessible. reserved -> mapped.
 	Map(ptr DevicePtr, size uint64, h Handle, offset uint64) error
 	// Unmap removes the mappings that exactly cover [ptr, ptr+size): one
@@ -86,6 +88,10 @@ type Driver interface {
 	CopyDtoD(dst, src DevicePtr, n uint64) error
 	// Memset sets n bytes at dst to value and waits. Any size is allowed.
 	Memset(dst DevicePtr, value byte, n uint64) error
+	// MemsetAsync queues the same work on stream s and returns without
+	// waiting (the host backend, whose streams are synchronous, does it at
+	// once). Tests use it to keep a stream busy.
+	MemsetAsync(dst DevicePtr, value byte, n uint64, s Stream) error
 
 	// MemAlloc makes a plain allocation of size bytes (any size) on dev,
 	// readable and writable by dev at once: cuMemAlloc, for devices and

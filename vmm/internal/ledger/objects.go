@@ -29,7 +29,7 @@ func (l *Ledger) BeginFreeAlloc(ptr vmm.DevicePtr) (uint64, error) {
 	return size, nil
 }
 
-// AllocSize returns the size of the plain allocation that contains ptr.
+// AllocAt returns the plain allocation that contains ptr.
 func (l *Ledger) AllocAt(ptr vmm.DevicePtr) (base vmm.DevicePtr, size uint64, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -73,6 +73,9 @@ func (l *Ledger) BeginMap(ptr vmm.DevicePtr, size uint64, h vmm.Handle, offset u
 	if n := l.mappingsIn(ptr, end); n > 0 {
 		return Mapping{}, fmt.Errorf("mapping %v+%d: overlaps %d existing mappings: %w", ptr, size, n, vmm.ErrInvalid)
 	}
+	if offset != 0 || size != p.Size {
+		return Mapping{}, fmt.Errorf("mapping %v: %d bytes from offset %d of a %d-byte page: only whole pages can be mapped (CUDA requires it): %w", ptr, size, offset, p.Size, vmm.ErrNotSupported)
+	}
 	m := Mapping{Ptr: ptr, Size: size, Handle: h, Offset: offset, Device: p.Device}
 	l.maps.ReplaceOrInsert(m)
 	p.maps++

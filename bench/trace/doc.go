@@ -1,0 +1,33 @@
+// Package trace reads allocation traces and replays them through an
+// allocator, measuring memory and speed.
+//
+// # Format
+//
+// A trace is text, usually gzip-compressed, one event a line:
+//
+//	a <id> <bytes> <stream>   allocate <bytes> on <stream> and call it <id>
+//	f <id>                    free the block called <id>
+//
+// Ids are unsigned integers, unique within a trace: an id is allocated once
+// and freed at most once, after its allocation. Streams are small unsigned
+// integers; 0 is the device's default stream. Blank lines are ignored.
+// Blocks still live at the end of a trace were live when recording stopped.
+//
+// # Parsing
+//
+// [Parse] and [ReadFile] read a whole trace into memory and check it before
+// anything is replayed, so a bad trace fails with a [*SyntaxError] naming the
+// line and its text, and a replay spends its time on the allocator only: ids
+// become dense slot numbers and streams indexes into [Trace.Streams].
+//
+// # Replay
+//
+// [Replay] drives an [Allocator] with the events of a trace in order and
+// reports a [Result]: the trace's peak of live bytes, the allocator's peak of
+// reserved bytes and their ratio, nanoseconds per event, and the allocator's
+// map, unmap, retry and out-of-memory counts. [OpenStreams] makes the driver
+// streams a trace uses.
+//
+// A Trace is immutable once parsed and may be replayed by several goroutines
+// at once; everything else here is for one goroutine at a time.
+package trace

@@ -1,0 +1,44 @@
+// Command libxseg is xseg as a C library, built with
+//
+//	go build -buildmode=c-shared -o libxseg.so ./cmd/libxseg
+//
+// for PyTorch's pluggable allocator:
+//
+//	alloc = torch.cuda.memory.CUDAPluggableAllocator("libxseg.so", "xseg_malloc", "xseg_free")
+//	torch.cuda.memory.change_current_allocator(alloc)
+//
+// python/xseg_torch.py does that and more (stats, empty_cache, routing of
+// Tensor.record_stream). The C API is xseg.h in this folder; its functions
+// are defined in shim.c, each a call into a Go function of the same name
+// spelled xsegGo... that takes and returns integers only, so that no Go
+// frame ever holds a C pointer value (a stream handle of 0x1 or 0x2 would
+// look like a bad pointer to the Go runtime) and no Go pointer reaches C.
+//
+// # Lifetime
+//
+// Loading the library starts the Go runtime and reads XSEG_LOG; nothing
+// else. The first xseg_malloc starts the library: it reads the
+// configuration (XSEG_CONF and its aliases, with the string of
+// xseg_configure applied on top), XSEG_BACKEND ("cuda" by default; "host"
+// for CI) and XSEG_HOST_CAPACITY, and opens the driver. A failure to open it
+// is kept: every later xseg_malloc returns NULL with the same reason, which
+// xseg_last_error reports. Each device gets its allocator (xseg.Open over the
+// shared driver) at its first allocation; allocators live until the process
+// ends.
+//
+// # Threads and CUDA contexts
+//
+// Every function may be called from any thread, concurrently. A call from C
+// runs on the calling thread, so the CUDA backend works in the CUDA context
+// current there (PyTorch's). The hot path (xseg_malloc, xseg_free) finds the
+// device's allocator with one atomic load, takes no lock of its own and
+// allocates nothing in this layer; failures are the slow path.
+//
+// # Failures
+//
+// No function panics into C: each recovers, records the panic as an error
+// and returns its failure value. Failures are NULL or -1 and keep their text
+// for xseg_last_error (process-wide, the most recent failure of any thread).
+// Freeing a pointer xseg did not return, or on a device without an
+// allocator, records an error and changes nothing.
+package main

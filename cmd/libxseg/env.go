@@ -1,0 +1,70 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// Environment variables the library reads at first use (XSEG_LOG at load).
+// XSEG_CONF and its aliases are read by core.ConfigFromEnv.
+const (
+	// envBackend selects the backend: "cuda" (the default) or "host".
+	envBackend = "XSEG_BACKEND"
+	// envHostCapacity is the host backend's capacity in bytes (default:
+	// the host backend's own, host.DefaultCapacity).
+	envHostCapacity = "XSEG_HOST_CAPACITY"
+	// envLog is the log level: off (the default), error, warn, info, debug.
+	envLog = "XSEG_LOG"
+)
+
+// levelOff is a level above every record's: nothing is logged.
+const levelOff = slog.Level(math.MaxInt32)
+
+// backendFromEnv reads the backend and the host capacity (0: the backend's
+// default).
+func backendFromEnv(getenv func(string) string) (backend string, capacity uint64, err error) {
+	backend = strings.ToLower(strings.TrimSpace(getenv(envBackend)))
+	switch backend {
+	case "":
+		backend = "cuda"
+	case "cuda", "host":
+	default:
+		return "", 0, fmt.Errorf("%s=%q: want cuda or host: %w", envBackend, backend, vmm.ErrInvalid)
+	}
+	if s := strings.TrimSpace(getenv(envHostCapacity)); s != "" {
+		capacity, err = strconv.ParseUint(s, 0, 64)
+		if err != nil || capacity == 0 {
+			return "", 0, fmt.Errorf("%s=%q: want a positive number of bytes: %w", envHostCapacity, s, vmm.ErrInvalid)
+		}
+	}
+	return backend, capacity, nil
+}
+
+// parseLevel reads a log level: "" and "off" (or "0", "false") turn logging
+// off, "1" or "true" mean info.
+func parseLevel(s string) (slog.Level, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "off", "0", "false", "none":
+		return levelOff, nil
+	case "1", "true", "on", "info":
+		return slog.LevelInfo, nil
+	case "debug":
+		return slog.LevelDebug, nil
+	case "warn", "warning":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return levelOff, fmt.Errorf("log level %q: want off, error, warn, info or debug: %w", s, vmm.ErrInvalid)
+}
+
+// newLogger writes text records at or above level to standard error.
+func newLogger(level *slog.LevelVar) *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}

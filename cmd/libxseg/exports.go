@@ -1,0 +1,169 @@
+package main
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/types.h>
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+
+	xseg "github.com/xseg-dev/xseg"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// lib is the process's one library, reading the process environment and
+// opening its driver through xseg.OpenDriver at first use.
+var lib = newLibrary(os.Getenv, xseg.OpenDriver)
+
+// lastErr keeps the text of the most recent failure for xseg_last_error.
+var lastErr lastError
+
+func main() {}
+
+// fail records the failure of the C function name and logs it.
+func fail(name string, err error) {
+	msg := name + ": " + err.Error()
+	lastErr.set(msg)
+	lib.log.Warn("xseg: call failed", "call", name, "err", err)
+}
+
+// catch, deferred by every export, turns a panic into a recorded failure:
+// a panic never crosses into C. The export's results keep the values they
+// had, which each export arranges to be its failure value.
+func catch(name string) {
+	if r := recover(); r != nil {
+		fail(name, fmt.Errorf("panic: %v", r))
+	}
+}
+
+// status turns an error into the C API's 0 or -1, recording a failure.
+func status(name string, err error) C.int {
+	if err != nil {
+		fail(name, err)
+		return -1
+	}
+	return 0
+}
+
+//export xsegGoMalloc
+func xsegGoMalloc(size C.ssize_t, device C.int, stream C.uintptr_t) (ptr C.uintptr_t) {
+	defer catch("xseg_malloc")
+	p, err := lib.malloc(int64(size), int(device), vmm.Stream(stream))
+	if err != nil {
+		fail("xseg_malloc", fmt.Errorf("%d bytes on device %d: %w", int64(size), int(device), err))
+		return 0
+	}
+	return C.uintptr_t(p)
+}
+
+// xsegGoMallocOrError is xsegGoMalloc that also hands this call's error
+// text to the caller, in *errText (C memory the caller frees), so that
+// xseg_malloc_or_throw can throw it without racing other threads' failures.
+//
+//export xsegGoMallocOrError
+func xsegGoMallocOrError(size C.ssize_t, device C.int, stream C.uintptr_t, errText **C.char) (ptr C.uintptr_t) {
+	defer catch("xseg_malloc")
+	p, err := lib.malloc(int64(size), int(device), vmm.Stream(stream))
+	if err != nil {
+		err = fmt.Errorf("%d bytes on device %d: %w", int64(size), int(device), err)
+		fail("xseg_malloc", err)
+		*errText = C.CString("xseg_malloc: " + err.Error())
+		return 0
+	}
+	return C.uintptr_t(p)
+}
+
+//export xsegGoFree
+func xsegGoFree(ptr C.uintptr_t, size C.ssize_t, device C.int, stream C.uintptr_t) {
+	defer catch("xseg_free")
+	if err := lib.free(vmm.DevicePtr(ptr), int(device)); err != nil {
+		fail("xseg_free", fmt.Errorf("%#x (%d bytes) on device %d: %w", uintptr(ptr), int64(size), int(device), err))
+	}
+}
+
+//export xsegGoRecordStream
+func xsegGoRecordStream(ptr C.uintptr_t, stream C.uintptr_t) (rc C.int) {
+	rc = -1
+	defer catch("xseg_record_stream")
+	known, err := lib.recordStream(vmm.DevicePtr(ptr), vmm.Stream(stream))
+	switch {
+	case err != nil:
+		fail("xseg_record_stream", fmt.Errorf("%#x on stream %#x: %w", uintptr(ptr), uintptr(stream), err))
+		return -1
+	case !known:
+		return 1
+	}
+	return 0
+}
+
+//export xsegGoStatsJSON
+func xsegGoStatsJSON(device C.int) (s *C.char) {
+	defer catch("xseg_stats_json")
+	b, err := lib.statsJSON(int(device))
+	if err != nil {
+		fail("xseg_stats_json", err)
+		return nil
+	}
+	return C.CString(string(b))
+}
+
+//export xsegGoSnapshotJSON
+func xsegGoSnapshotJSON(device C.int) (s *C.char) {
+	defer catch("xseg_snapshot_json")
+	b, err := lib.snapshotJSON(int(device))
+	if err != nil {
+		fail("xseg_snapshot_json", err)
+		return nil
+	}
+	return C.CString(string(b))
+}
+
+//export xsegGoEmptyCache
+func xsegGoEmptyCache(device C.int) (rc C.int) {
+	rc = -1
+	defer catch("xseg_empty_cache")
+	return status("xseg_empty_cache", lib.emptyCache(int(device)))
+}
+
+//export xsegGoResetPeakStats
+func xsegGoResetPeakStats(device C.int) (rc C.int) {
+	rc = -1
+	defer catch("xseg_reset_peak_stats")
+	return status("xseg_reset_peak_stats", lib.resetPeakStats(int(device)))
+}
+
+//export xsegGoConfigure
+func xsegGoConfigure(conf *C.char) (rc C.int) {
+	rc = -1
+	defer catch("xseg_configure")
+	s := ""
+	if conf != nil {
+		s = C.GoString(conf)
+	}
+	return status("xseg_configure", lib.configure(s))
+}
+
+//export xsegGoSetLogLevel
+func xsegGoSetLogLevel(level *C.char) (rc C.int) {
+	rc = -1
+	defer catch("xseg_set_log_level")
+	s := ""
+	if level != nil {
+		s = C.GoString(level)
+	}
+	lv, err := parseLevel(s)
+	if err == nil {
+		lib.level.Set(lv)
+	}
+	return status("xseg_set_log_level", err)
+}
+
+//export xsegGoLastError
+func xsegGoLastError() (s *C.char) {
+	defer catch("xseg_last_error")
+	return lastErr.get()
+}

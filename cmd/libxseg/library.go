@@ -1,0 +1,174 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	xseg "github.com/xseg-dev/xseg"
+	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// maxDevices bounds the device ordinals the library serves. The hot path
+// finds a device's allocator in a fixed array of atomic pointers, without a
+// lock and without allocating.
+const maxDevices = 64
+
+// device is one device's allocator, published once made.
+type device struct {
+	a xseg.Allocator
+}
+
+// library is the state behind the C API: the driver, the configuration and
+// one allocator per device, all made lazily at first use. It is safe for
+// concurrent use; malloc, free and recordStream take no lock of their own
+// once the device's allocator exists.
+type library struct {
+	getenv     func(string) string
+	openDriver func(backend string, hostCapacity uint64) (vmm.Driver, error)
+
+	level *slog.LevelVar
+	log   *slog.Logger
+
+	devs [maxDevices]atomic.Pointer[device]
+
+	mu struct {
+		sync.Mutex
+		conf    string // from configure; applied over XSEG_CONF
+		started bool
+		drv     vmm.Driver
+		cfg     core.Config
+		err     error // why the driver could not be opened, kept for good
+	}
+}
+
+// newLibrary makes a library that reads its environment through getenv and
+// opens its driver with openDriver, both at first use.
+func newLibrary(getenv func(string) string, openDriver func(string, uint64) (vmm.Driver, error)) *library {
+	l := &library{getenv: getenv, openDriver: openDriver, level: new(slog.LevelVar)}
+	l.level.Set(levelOff)
+	if lv, err := parseLevel(getenv(envLog)); err == nil {
+		l.level.Set(lv)
+	}
+	l.log = newLogger(l.level)
+	return l
+}
+
+// allocator returns dev's allocator, making it (and, the first time, the
+// driver) if need be. This is the first use that reads the configuration.
+func (l *library) allocator(dev int) (xseg.Allocator, error) {
+	if dev >= 0 && dev < maxDevices {
+		if d := l.devs[dev].Load(); d != nil {
+			return d.a, nil
+		}
+	}
+	return l.openDevice(dev)
+}
+
+// existing returns dev's allocator if it was made, nil if not.
+func (l *library) existing(dev int) (xseg.Allocator, error) {
+	if dev < 0 || dev >= maxDevices {
+		return nil, fmt.Errorf("device %d out of range [0, %d): %w", dev, maxDevices, vmm.ErrInvalid)
+	}
+	if d := l.devs[dev].Load(); d != nil {
+		return d.a, nil
+	}
+	return nil, nil
+}
+
+func (l *library) openDevice(dev int) (xseg.Allocator, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if dev < 0 || dev >= maxDevices {
+		return nil, fmt.Errorf("device %d out of range [0, %d): %w", dev, maxDevices, vmm.ErrInvalid)
+	}
+	if d := l.devs[dev].Load(); d != nil {
+		return d.a, nil
+	}
+	l.startLocked()
+	if l.mu.err != nil {
+		return nil, l.mu.err
+	}
+	n, err := l.mu.drv.DeviceCount()
+	if err != nil {
+		return nil, fmt.Errorf("counting devices: %w", err)
+	}
+	if dev >= n {
+		return nil, fmt.Errorf("device %d: the %s backend has %d devices: %w", dev, l.mu.drv.Backend(), n, vmm.ErrInvalid)
+	}
+	cfg := l.mu.cfg
+	a, err := xseg.Open(xseg.Options{Driver: l.mu.drv, Device: vmm.Device(dev), Config: &cfg, Logger: l.log})
+	if err != nil {
+		return nil, fmt.Errorf("opening the allocator of device %d: %w", dev, err)
+	}
+	l.devs[dev].Store(&device{a: a})
+	l.log.Info("xseg: allocator ready", "device", dev, "backend", l.mu.drv.Backend())
+	return a, nil
+}
+
+// startLocked reads the configuration and opens the driver, once. A failure
+// is kept: every later use reports the same reason. l.mu is held.
+func (l *library) startLocked() {
+	if l.mu.started {
+		return
+	}
+	l.mu.started = true
+	cfg, err := l.configLocked(l.mu.conf)
+	if err != nil {
+		l.mu.err = err
+		return
+	}
+	l.mu.cfg = cfg
+	backend, capacity, err := backendFromEnv(l.getenv)
+	if err != nil {
+		l.mu.err = err
+		return
+	}
+	drv, err := l.openDriver(backend, capacity)
+	if err != nil {
+		l.mu.err = fmt.Errorf("opening the %s backend (set %s=host to use host memory instead): %w", backend, envBackend, err)
+		return
+	}
+	l.mu.drv = drv
+}
+
+// driver returns the driver once the library has started with one, nil
+// before that or when it could not be opened.
+func (l *library) driver() vmm.Driver {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mu.drv
+}
+
+// configLocked is the configuration of XSEG_CONF (and its aliases) with
+// conf applied on top.
+func (l *library) configLocked(conf string) (core.Config, error) {
+	cfg, err := core.ConfigFromEnv(l.getenv)
+	if err != nil {
+		return cfg, fmt.Errorf("reading the configuration from the environment: %w", err)
+	}
+	if conf != "" {
+		if cfg, err = core.ParseConfig(cfg, conf); err != nil {
+			return cfg, fmt.Errorf("configuration %q: %w", conf, err)
+		}
+	}
+	return cfg, nil
+}
+
+// configure sets the configuration string applied over XSEG_CONF at first
+// use. It fails once the library has started, and on a string that does not
+// parse; a later call replaces an earlier one.
+func (l *library) configure(conf string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mu.started {
+		return fmt.Errorf("configuring after first use (the configuration is read once, at the first allocation): %w", vmm.ErrInUse)
+	}
+	if _, err := l.configLocked(conf); err != nil {
+		return err
+	}
+	l.mu.conf = conf
+	return nil
+}

@@ -1,0 +1,274 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	xseg "github.com/xseg-dev/xseg"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// env is a stand-in environment.
+type env map[string]string
+
+func (e env) get(k string) string { return e[k] }
+
+func hostLibrary(t *testing.T, extra env) *library {
+	e := env{envBackend: "host", envHostCapacity: fmt.Sprint(256 << 20)}
+	for k, v := range extra {
+		e[k] = v
+	}
+	var drv vmm.Driver
+	l := newLibrary(e.get, func(backend string, capacity uint64) (vmm.Driver, error) {
+		require.Equal(t, "host", backend)
+		require.Equal(t, uint64(256<<20), capacity)
+		d, err := xseg.OpenDriver(backend, capacity)
+		drv = d
+		return d, err
+	})
+	t.Cleanup(func() {
+		for i := range l.devs {
+			if d := l.devs[i].Load(); d != nil {
+				require.NoError(t, d.a.Close())
+			}
+		}
+		if drv != nil {
+			require.NoError(t, drv.Close())
+		}
+	})
+	return l
+}
+
+func stats(t *testing.T, l *library, dev int) statsReport {
+	b, err := l.statsJSON(dev)
+	require.NoError(t, err)
+	var r statsReport
+	require.NoError(t, json.Unmarshal(b, &r))
+	return r
+}
+
+func TestLibraryAllocFree(t *testing.T) {
+	l := hostLibrary(t, nil)
+	require.Zero(t, stats(t, l, 0).AllocatedBytes.All.Current)
+
+	p, err := l.malloc(0, 0, 0)
+	require.NoError(t, err)
+	require.Zero(t, p)
+	_, err = l.malloc(-1, 0, 0)
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+
+	a, err := l.malloc(4096, 0, 0)
+	require.NoError(t, err)
+	b, err := l.malloc(30<<20, 0, 0)
+	require.NoError(t, err)
+	r := stats(t, l, 0)
+	require.GreaterOrEqual(t, r.AllocatedBytes.All.Current, int64(4096+30<<20))
+	require.Equal(t, int64(2), r.Allocations.All.Current)
+	require.Equal(t, uint64(256<<20), r.DeviceTotal)
+
+	known, err := l.recordStream(a, 0)
+	require.NoError(t, err)
+	require.True(t, known)
+	known, err = l.recordStream(a+1<<40, 0)
+	require.NoError(t, err)
+	require.False(t, known, "memory xseg never handed out")
+
+	require.NoError(t, l.free(a, 0))
+	require.ErrorIs(t, l.free(a, 0), vmm.ErrInvalid, "double free")
+	require.ErrorIs(t, l.free(b+8, 0), vmm.ErrInvalid, "interior pointer")
+	require.ErrorIs(t, l.free(b, 3), vmm.ErrInvalid, "device without allocations")
+	require.ErrorIs(t, l.free(b, 99), vmm.ErrInvalid, "device out of range")
+	require.NoError(t, l.free(0, 0))
+	require.NoError(t, l.free(b, 0))
+
+	r = stats(t, l, 0)
+	require.Zero(t, r.AllocatedBytes.All.Current)
+	require.NotZero(t, r.ReservedBytes.All.Current)
+	require.NoError(t, l.resetPeakStats(-1))
+	require.NoError(t, l.emptyCache(-1))
+	r = stats(t, l, 0)
+	require.Zero(t, r.ReservedBytes.All.Current)
+	require.Zero(t, r.AllocatedBytes.All.Peak)
+}
+
+func TestLibraryBadDevices(t *testing.T) {
+	l := hostLibrary(t, nil)
+	_, err := l.malloc(64, 1, 0)
+	require.ErrorIs(t, err, vmm.ErrInvalid, "the host backend has one device")
+	require.ErrorContains(t, err, "device 1")
+	_, err = l.malloc(64, -1, 0)
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+	_, err = l.statsJSON(2)
+	require.ErrorIs(t, err, vmm.ErrInvalid, "once started, a missing device is an error")
+	_, err = l.snapshotJSON(maxDevices)
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+	require.ErrorIs(t, l.emptyCache(-2), vmm.ErrInvalid)
+	require.NoError(t, l.emptyCache(5), "nothing cached on a device without allocations")
+}
+
+func TestLibrarySnapshot(t *testing.T) {
+	l := hostLibrary(t, nil)
+	b, err := l.snapshotJSON(0)
+	require.NoError(t, err)
+	require.JSONEq(t, `[]`, string(mustField(t, b, "segments")))
+
+	p, err := l.malloc(1000, 0, 0)
+	require.NoError(t, err)
+	b, err = l.snapshotJSON(0)
+	require.NoError(t, err)
+	var snap xseg.Snapshot
+	require.NoError(t, json.Unmarshal(b, &snap))
+	require.NotEmpty(t, snap.Segments)
+	found := false
+	for _, s := range snap.Segments {
+		for _, blk := range s.Blocks {
+			found = found || (blk.Ptr == p && blk.State == "allocated")
+		}
+	}
+	require.True(t, found, "the block at %v is in the snapshot", p)
+	require.NoError(t, l.free(p, 0))
+}
+
+func mustField(t *testing.T, b []byte, name string) json.RawMessage {
+	var m map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(b, &m))
+	return m[name]
+}
+
+func TestLibraryConfigure(t *testing.T) {
+	l := hostLibrary(t, env{"XSEG_CONF": "oom_max_retries:2"})
+	require.ErrorContains(t, l.configure("oom_max_retries:x"), "oom_max_retries")
+	require.ErrorContains(t, l.configure("bogus:1"), "bogus")
+	require.NoError(t, l.configure("large_page_mb:40"))
+	require.NoError(t, l.configure("large_page_mb:60"), "a later call replaces an earlier one")
+
+	p, err := l.malloc(5<<20, 0, 0)
+	require.NoError(t, err)
+	require.Equal(t, 2, l.mu.cfg.OOMMaxRetries, "XSEG_CONF is read")
+	require.Equal(t, uint64(60<<20), l.mu.cfg.LargePageSize, "configure applies over XSEG_CONF")
+	require.Equal(t, int64(60<<20), stats(t, l, 0).ReservedBytes.All.Current, "one 60 MiB large page")
+	require.ErrorIs(t, l.configure("large_page_mb:20"), vmm.ErrInUse, "too late")
+	require.NoError(t, l.free(p, 0))
+}
+
+func TestLibraryStartFailureKept(t *testing.T) {
+	calls := 0
+	l := newLibrary(env{}.get, func(backend string, _ uint64) (vmm.Driver, error) {
+		calls++
+		require.Equal(t, "cuda", backend, "CUDA is the default backend")
+		return nil, fmt.Errorf("dlopen libcuda.so.1: no such file: %w", vmm.ErrNotSupported)
+	})
+	for range 3 {
+		_, err := l.malloc(100, 0, 0)
+		require.ErrorIs(t, err, vmm.ErrNotSupported)
+		require.ErrorContains(t, err, "libcuda.so.1")
+		require.ErrorContains(t, err, "XSEG_BACKEND=host")
+	}
+	require.Equal(t, 1, calls, "the driver is opened once")
+	b, err := l.statsJSON(0)
+	require.NoError(t, err, "stats work without a driver")
+	require.Contains(t, string(b), `"device_total_bytes":0`)
+
+	bad := newLibrary(env{envBackend: "tpu"}.get, nil)
+	_, err = bad.malloc(100, 0, 0)
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+	bad = newLibrary(env{envBackend: "host", envHostCapacity: "lots"}.get, nil)
+	_, err = bad.malloc(100, 0, 0)
+	require.ErrorContains(t, err, envHostCapacity)
+	bad = newLibrary(env{"XSEG_CONF": "nope"}.get, nil)
+	_, err = bad.malloc(100, 0, 0)
+	require.ErrorContains(t, err, "XSEG_CONF")
+}
+
+// TestLibraryConcurrent runs allocating goroutines beside stats, snapshot
+// and empty-cache calls (run it with -race), starting the library from
+// several goroutines at once.
+func TestLibraryConcurrent(t *testing.T) {
+	l := hostLibrary(t, nil)
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for g := range 6 {
+		wg.Go(func() {
+			for i := range 300 {
+				n := int64(512 + (i*g*7919)%(3<<20))
+				p, err := l.malloc(n, 0, 0)
+				if err == nil {
+					_, err = l.recordStream(p, 0)
+				}
+				if err == nil {
+					err = l.free(p, 0)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 50 {
+			if _, err := l.statsJSON(0); err != nil {
+				errs <- err
+			}
+			if _, err := l.snapshotJSON(0); err != nil {
+				errs <- err
+			}
+			if err := l.emptyCache(-1); err != nil {
+				errs <- err
+			}
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Zero(t, stats(t, l, 0).Allocations.All.Current)
+}
+
+func TestLastError(t *testing.T) {
+	var e lastError
+	require.Equal(t, emptyText, e.get())
+	require.Empty(t, e.text())
+	first := e.get()
+	for i := range retiredErrors + 10 {
+		e.set(fmt.Sprintf("error %d", i))
+	}
+	require.Equal(t, fmt.Sprintf("error %d", retiredErrors+9), e.text())
+	require.NotEqual(t, first, e.get())
+	n := 0
+	for _, r := range e.mu.retired {
+		if r != nil {
+			n++
+		}
+	}
+	require.Equal(t, retiredErrors, n, "older texts are freed, the newest kept")
+}
+
+func TestCatch(t *testing.T) {
+	rc := func() (rc int) {
+		rc = -1
+		defer catch("xseg_test")
+		panic(errors.New("boom"))
+	}()
+	require.Equal(t, -1, rc)
+	require.Equal(t, "xseg_test: panic: boom", lastErr.text())
+}
+
+func TestParseLevel(t *testing.T) {
+	for s, want := range map[string]slog.Level{"": levelOff, "off": levelOff, "1": slog.LevelInfo, "info": slog.LevelInfo, "DEBUG": slog.LevelDebug, "warn": slog.LevelWarn, "error": slog.LevelError} {
+		got, err := parseLevel(s)
+		require.NoError(t, err, s)
+		require.Equal(t, want, got, s)
+	}
+	_, err := parseLevel("loud")
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+	l := newLibrary(env{envLog: "debug"}.get, nil)
+	require.Equal(t, slog.LevelDebug, l.level.Level(), "XSEG_LOG is read at load")
+}

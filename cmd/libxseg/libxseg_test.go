@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestCAPI builds libxseg.so as users do and loads it, as PyTorch does,
+// with dlopen from a C program and with Python's ctypes, on the host
+// backend: every export, bad input included.
+func TestCAPI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the c-shared library; not in -short")
+	}
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skipf("no C compiler to build a c-shared library: %v", err)
+	}
+	dir := t.TempDir()
+	lib := filepath.Join(dir, "libxseg.so")
+	run(t, 3*time.Minute, nil, "go", "build", "-buildmode=c-shared", "-o", lib, ".")
+	check := filepath.Join(dir, "check")
+	run(t, time.Minute, nil, cc, "-O2", "-Wall", "-I.", "-o", check, "testdata/check.c", "-ldl", "-lpthread")
+
+	host := []string{"XSEG_BACKEND=host", "XSEG_HOST_CAPACITY=1073741824", "XSEG_CONF=", "XSEG_LOG="}
+	t.Run("C", func(t *testing.T) {
+		out := run(t, time.Minute, host, check, lib)
+		require.Contains(t, out, "\nok\n", out)
+		t.Log(strings.TrimSpace(out))
+	})
+	t.Run("NoDriver", func(t *testing.T) {
+		out := run(t, time.Minute, []string{"XSEG_BACKEND=tpu"}, check, lib, "nodriver")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		require.Len(t, lines, 2, out)
+		require.Contains(t, lines[0], "XSEG_BACKEND=\"tpu\"")
+		require.Equal(t, lines[0], lines[1], "the reason is kept for every later call")
+
+		out = run(t, time.Minute, []string{"XSEG_BACKEND="}, check, lib, "nodriver")
+		lines = strings.Split(strings.TrimSpace(out), "\n")
+		require.Len(t, lines, 2, out)
+		if lines[0] == "allocated" {
+			t.Log("a CUDA driver is present: the CUDA backend allocated")
+			return
+		}
+		require.NotEqual(t, "1", os.Getenv("XSEG_REQUIRE_GPU"), "the CUDA backend failed: %s", lines[0])
+		require.Contains(t, lines[0], "opening the cuda backend")
+		require.Contains(t, lines[0], "not supported")
+		require.Equal(t, lines[0], lines[1])
+	})
+	t.Run("Throw", func(t *testing.T) {
+		cxx, err := exec.LookPath("c++")
+		if err != nil {
+			t.Skipf("no C++ compiler: %v", err)
+		}
+		prog := filepath.Join(dir, "throw")
+		run(t, time.Minute, nil, cxx, "-O2", "-Wall", "-I.", "-o", prog, "testdata/throw.cc", "-ldl")
+		out := run(t, time.Minute, host, prog, lib)
+		require.Contains(t, out, "\nok\n", out)
+	})
+	t.Run("Python", func(t *testing.T) {
+		py, err := exec.LookPath("python3")
+		if err != nil {
+			t.Skipf("no python3: %v", err)
+		}
+		out := run(t, time.Minute, host, py, "testdata/check.py", lib)
+		require.Equal(t, "ok", strings.TrimSpace(out))
+	})
+}
+
+// run runs a command with env added to the test's environment and returns
+// its combined output, failing the test if it fails.
+func run(t *testing.T, timeout time.Duration, env []string, name string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(append(os.Environ(), "CGO_ENABLED=1"), env...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s %s:\n%s", name, strings.Join(args, " "), out)
+	return string(out)
+}

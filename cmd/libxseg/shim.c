@@ -1,0 +1,38 @@
+// The C API of xseg.h with its exact signatures, each a call into the Go
+// export of the same name (xsegGo...), which take and return integers only:
+// no Go function ever holds a C pointer-typed value such as a stream handle
+// of 0x1 or 0x2, which the Go runtime would take for a bad pointer.
+#include <stdlib.h>
+
+#include "xseg.h"
+#include "_cgo_export.h"
+
+void* xseg_malloc(ssize_t size, int device, void* stream) {
+	return (void*)xsegGoMalloc(size, device, (uintptr_t)stream);
+}
+
+void xseg_free(void* ptr, ssize_t size, int device, void* stream) {
+	xsegGoFree((uintptr_t)ptr, size, device, (uintptr_t)stream);
+}
+
+int xseg_record_stream(void* ptr, void* stream) {
+	return xsegGoRecordStream((uintptr_t)ptr, (uintptr_t)stream);
+}
+
+char* xseg_stats_json(int device) { return xsegGoStatsJSON(device); }
+
+char* xseg_snapshot_json(int device) { return xsegGoSnapshotJSON(device); }
+
+void xseg_string_free(char* s) { free(s); }
+
+int xseg_empty_cache(int device) { return xsegGoEmptyCache(device); }
+
+int xseg_reset_peak_stats(int device) { return xsegGoResetPeakStats(device); }
+
+int xseg_configure(const char* conf) { return xsegGoConfigure((char*)conf); }
+
+int xseg_set_log_level(const char* level) { return xsegGoSetLogLevel((char*)level); }
+
+const char* xseg_version(void) { return XSEG_VERSION; }
+
+const char* xseg_last_error(void) { return xsegGoLastError(); }

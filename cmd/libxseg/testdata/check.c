@@ -1,0 +1,231 @@
+// check loads libxseg.so with dlopen, as PyTorch does, and exercises every
+// function of xseg.h on the host backend (XSEG_BACKEND=host, set by the Go
+// test, with XSEG_HOST_CAPACITY of 1 GiB). Usage: check LIB [nodriver].
+// It prints "ok" and exits 0, or prints what failed and exits 1.
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "xseg.h"
+
+#define SYM(name) static __typeof__(name)* p_##name;
+SYM(xseg_malloc)
+SYM(xseg_free)
+SYM(xseg_record_stream)
+SYM(xseg_stats_json)
+SYM(xseg_snapshot_json)
+SYM(xseg_string_free)
+SYM(xseg_empty_cache)
+SYM(xseg_reset_peak_stats)
+SYM(xseg_configure)
+SYM(xseg_set_log_level)
+SYM(xseg_version)
+SYM(xseg_last_error)
+
+static int failures;
+
+#define CHECK(cond, ...)                                              \
+	do {                                                              \
+		if (!(cond)) {                                                \
+			printf("FAIL line %d: %s: ", __LINE__, #cond);            \
+			printf(__VA_ARGS__);                                      \
+			printf(" (last error: %s)\n", p_xseg_last_error());       \
+			failures++;                                               \
+		}                                                             \
+	} while (0)
+
+static void load(const char* path) {
+	void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		printf("FAIL dlopen: %s\n", dlerror());
+		exit(1);
+	}
+#define LOAD(name)                                          \
+	p_##name = (__typeof__(name)*)dlsym(h, #name);          \
+	if (!p_##name) {                                        \
+		printf("FAIL dlsym %s: %s\n", #name, dlerror());    \
+		exit(1);                                            \
+	}
+	LOAD(xseg_malloc) LOAD(xseg_free) LOAD(xseg_record_stream)
+	LOAD(xseg_stats_json) LOAD(xseg_snapshot_json) LOAD(xseg_string_free)
+	LOAD(xseg_empty_cache) LOAD(xseg_reset_peak_stats) LOAD(xseg_configure)
+	LOAD(xseg_set_log_level) LOAD(xseg_version) LOAD(xseg_last_error)
+}
+
+static int error_has(const char* needle) { return strstr(p_xseg_last_error(), needle) != NULL; }
+
+static int error_has_ptr(const char* prefix, const void* p) {
+	char want[64];
+	snprintf(want, sizeof want, "%s%#lx", prefix, (unsigned long)(uintptr_t)p);
+	return error_has(want);
+}
+
+// stat reads one counter, e.g. stat(0, "allocated_bytes", "current"), from
+// the stats JSON's "all" pool; -1 if the JSON has no such key.
+static long long stat(int dev, const char* name, const char* field) {
+	char* js = p_xseg_stats_json(dev);
+	if (!js) return -1;
+	char key[128];
+	snprintf(key, sizeof key, "\"%s\":{\"all\":{", name);
+	long long v = -1;
+	char* at = strstr(js, key);
+	if (at) {
+		char f[64];
+		snprintf(f, sizeof f, "\"%s\":", field);
+		char* end = strchr(at, '}');
+		char* fa = strstr(at, f);
+		if (fa && fa < end) v = atoll(fa + strlen(f));
+	}
+	p_xseg_string_free(js);
+	return v;
+}
+
+static long long top(int dev, const char* name) {
+	char* js = p_xseg_stats_json(dev);
+	if (!js) return -1;
+	char key[128];
+	snprintf(key, sizeof key, "\"%s\":", name);
+	char* at = strstr(js, key);
+	long long v = at ? atoll(at + strlen(key)) : -1;
+	p_xseg_string_free(js);
+	return v;
+}
+
+static void* worker(void* arg) {
+	long bad = 0;
+	for (int i = 0; i < 2000; i++) {
+		size_t n = 256 + (size_t)(i % 7) * 100000;
+		unsigned char* p = p_xseg_malloc((ssize_t)n, 0, NULL);
+		if (!p) { bad++; continue; }
+		p[0] = (unsigned char)i; p[n - 1] = (unsigned char)i;  // host memory: really writable
+		p_xseg_free(p, (ssize_t)n, 0, NULL);
+	}
+	return (void*)bad;
+}
+
+static void before_start(void) {
+	CHECK(strcmp(p_xseg_version(), XSEG_VERSION) == 0, "version %s", p_xseg_version());
+	CHECK(strcmp(p_xseg_last_error(), "") == 0, "a fresh library has no error");
+	CHECK(stat(0, "allocated_bytes", "current") == 0, "zero stats before any allocation");
+	CHECK(p_xseg_configure("no_such_key:1") == -1, "unknown configuration key accepted");
+	CHECK(error_has("no_such_key"), "the error names the key");
+	CHECK(p_xseg_configure("oom_max_retries:1,oom_delay_ms:1") == 0, "a good configuration refused");
+	CHECK(p_xseg_set_log_level("loud") == -1, "unknown log level accepted");
+	CHECK(p_xseg_set_log_level("off") == 0, "log level off refused");
+	CHECK(p_xseg_empty_cache(0) == 0 && p_xseg_reset_peak_stats(-1) == 0, "no-op before start");
+}
+
+static void basics(void) {
+	CHECK(p_xseg_malloc(0, 0, NULL) == NULL, "size 0 gives NULL");
+	CHECK(p_xseg_malloc(-8, 0, NULL) == NULL && error_has("negative size"), "negative size");
+	unsigned char* a = p_xseg_malloc(1000, 0, NULL);
+	unsigned char* b = p_xseg_malloc(3 << 20, 0, NULL);
+	CHECK(a && b, "two allocations");
+	if (!a || !b) return;
+	memset(a, 0xab, 1000);
+	memset(b, 0xcd, 3 << 20);
+	CHECK(a[999] == 0xab && b[0] == 0xcd, "blocks keep their bytes");
+	CHECK(a + 1000 <= b || b + (3 << 20) <= a, "blocks overlap: %p %p", (void*)a, (void*)b);
+	CHECK(stat(0, "allocated_bytes", "current") >= 1000 + (3 << 20), "allocated bytes counted");
+	CHECK(stat(0, "allocation", "current") == 2, "allocation count");
+	CHECK(stat(0, "reserved_bytes", "current") >= (3 << 20), "reserved bytes counted");
+	CHECK(p_xseg_record_stream(a, NULL) == 0, "record_stream of a block");
+	CHECK(p_xseg_record_stream((void*)0x10000, NULL) == 1, "record_stream of foreign memory");
+	CHECK(p_xseg_configure("oom_max_retries:2") == -1 && error_has("first use"), "configure after start");
+	char* snap = p_xseg_snapshot_json(0);
+	CHECK(snap && strstr(snap, "\"segments\":[{") && strstr(snap, "\"state\":\"allocated\""), "snapshot");
+	if (snap) p_xseg_string_free(snap);
+	p_xseg_free(a, 1000, 0, NULL);
+	p_xseg_free(b, 3 << 20, 0, NULL);
+	CHECK(stat(0, "allocated_bytes", "current") == 0, "all freed");
+	CHECK(stat(0, "allocated_bytes", "peak") >= 1000 + (3 << 20), "peak kept");
+	CHECK(p_xseg_reset_peak_stats(0) == 0 && stat(0, "allocated_bytes", "peak") == 0, "peak reset");
+	CHECK(p_xseg_empty_cache(-1) == 0 && stat(0, "reserved_bytes", "current") == 0, "cache emptied");
+	CHECK(top(0, "device_total_bytes") == 1LL << 30, "device total %lld", top(0, "device_total_bytes"));
+
+	// Bad input: none of it may crash or change the books.
+	char* c = p_xseg_malloc(4096, 0, NULL);
+	p_xseg_free((void*)0x7f0000001000, 64, 0, NULL);
+	CHECK(error_has("xseg_free: 0x7f0000001000"), "free of a pointer xseg never returned");
+	p_xseg_free(c + 16, 64, 0, NULL);
+	CHECK(error_has_ptr("xseg_free: ", c + 16), "free of an interior pointer");
+	p_xseg_free(c, 4096, 5, NULL);
+	CHECK(error_has("device 5"), "free on a device without allocations");
+	p_xseg_free(c, 4096, 0, NULL);
+	p_xseg_malloc(-3, 0, NULL);
+	p_xseg_free(c, 4096, 0, NULL);
+	CHECK(error_has_ptr("xseg_free: ", c), "double free");
+	p_xseg_malloc(-3, 0, NULL);
+	p_xseg_free(NULL, 0, 0, NULL);
+	CHECK(error_has("negative size"), "free of NULL is no error");
+	CHECK(stat(0, "allocation", "current") == 0, "bad frees changed nothing");
+	CHECK(p_xseg_malloc(64, 7, NULL) == NULL && error_has("device 7"), "malloc on a missing device");
+	CHECK(p_xseg_stats_json(-3) == NULL && error_has("out of range"), "stats of a bad device");
+	CHECK(stat(3, "allocated_bytes", "current") == -1, "stats of a missing device");
+	CHECK(p_xseg_empty_cache(-2) == -1, "empty_cache of a bad device");
+}
+
+static void out_of_memory(void) {
+	long long ooms = top(0, "num_ooms");
+	CHECK(p_xseg_malloc(2LL << 30, 0, NULL) == NULL, "2 GiB on a 1 GiB device");
+	CHECK(error_has("out of memory"), "the error says out of memory");
+	CHECK(top(0, "num_ooms") == ooms + 1, "num_ooms counted");
+	void* p = p_xseg_malloc(1 << 20, 0, NULL);
+	CHECK(p != NULL, "allocation after an OOM");
+	p_xseg_free(p, 1 << 20, 0, NULL);
+}
+
+static void threads(void) {
+	pthread_t t[4];
+	for (int i = 0; i < 4; i++) pthread_create(&t[i], NULL, worker, NULL);
+	for (int i = 0; i < 4; i++) {
+		void* bad;
+		pthread_join(t[i], &bad);
+		CHECK(bad == NULL, "thread %d: %ld failed allocations", i, (long)bad);
+	}
+	CHECK(stat(0, "allocation", "current") == 0, "threads freed everything");
+}
+
+static void latency(void) {
+	const size_t sizes[] = {512, 4096, 65536, 1 << 20, 3 << 20, 24 << 20, 100 << 20};
+	const int n = sizeof sizes / sizeof sizes[0], rounds = 20000;
+	void* ps[7];
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (int i = 0; i < rounds; i++) {
+		for (int j = 0; j < n; j++) ps[j] = p_xseg_malloc((ssize_t)sizes[j], 0, NULL);
+		for (int j = 0; j < n; j++) p_xseg_free(ps[j], (ssize_t)sizes[j], 0, NULL);
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double ns = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / ((double)rounds * n);
+	printf("host backend warm malloc+free pair: %.1f ns\n", ns);
+}
+
+int main(int argc, char** argv) {
+	if (argc < 2) {
+		fprintf(stderr, "usage: check LIB [nodriver]\n");
+		return 2;
+	}
+	load(argv[1]);
+	if (argc > 2 && strcmp(argv[2], "nodriver") == 0) {
+		void* p = p_xseg_malloc(1 << 20, 0, NULL);
+		printf("%s\n", p ? "allocated" : p_xseg_last_error());
+		void* q = p_xseg_malloc(1 << 20, 0, NULL);
+		printf("%s\n", q ? "allocated" : p_xseg_last_error());
+		return 0;
+	}
+	before_start();
+	basics();
+	out_of_memory();
+	threads();
+	latency();
+	if (failures) {
+		printf("%d checks failed\n", failures);
+		return 1;
+	}
+	printf("ok\n");
+	return 0;
+}

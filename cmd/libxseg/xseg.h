@@ -1,0 +1,87 @@
+/*
+ * xseg.h: the C API of libxseg.so, xseg's GPU memory allocator as a
+ * PyTorch pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator).
+ *
+ * Every function is safe to call from any thread. Allocation functions use
+ * the CUDA context current on the calling thread (PyTorch's). The library
+ * starts at the first xseg_malloc: it reads XSEG_CONF (or the string given
+ * to xseg_configure), XSEG_BACKEND ("cuda", the default, or "host") and
+ * XSEG_HOST_CAPACITY, and opens the driver; one allocator per device is made
+ * at that device's first allocation. A function that fails returns NULL or
+ * -1 and keeps the reason for xseg_last_error.
+ */
+#ifndef XSEG_H
+#define XSEG_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#define XSEG_VERSION "0.1.0"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* xseg_malloc returns size bytes on device for use on stream (a
+ * cudaStream_t / CUstream; NULL is the default stream), NULL for size 0 or
+ * on failure (out of memory, no driver, negative size). */
+void* xseg_malloc(ssize_t size, int device, void* stream);
+
+#ifdef __cplusplus
+/* xseg_malloc_or_throw is xseg_malloc for C++ callers: where xseg_malloc
+ * returns NULL for a size other than 0 it throws std::runtime_error with
+ * the reason instead. python/xseg_torch.py installs it, because PyTorch
+ * turns the exception into a Python RuntimeError but does not check a NULL
+ * from a pluggable allocator. Never call it from C. */
+void* xseg_malloc_or_throw(ssize_t size, int device, void* stream);
+#endif
+
+/* xseg_free gives back a block of device. size and stream are ignored: the
+ * block's own stream and every stream recorded with xseg_record_stream
+ * order its reuse. Freeing NULL does nothing; freeing a pointer xseg did not
+ * return records an error and changes nothing. */
+void xseg_free(void* ptr, ssize_t size, int device, void* stream);
+
+/* xseg_record_stream marks the block that starts at ptr as used on stream
+ * too: once freed, it is reused only after the work queued on stream by then
+ * has finished. Returns 0 when recorded, 1 when ptr is not a block of xseg
+ * (nothing done), -1 on failure. */
+int xseg_record_stream(void* ptr, void* stream);
+
+/* xseg_stats_json and xseg_snapshot_json return device's statistics
+ * (PyTorch's names) and snapshot as JSON, in a string the caller frees with
+ * xseg_string_free; NULL on failure. A device without allocations reports
+ * zeros. */
+char* xseg_stats_json(int device);
+char* xseg_snapshot_json(int device);
+void xseg_string_free(char* s);
+
+/* xseg_empty_cache gives every whole free page of device (-1: all devices)
+ * back to the driver; xseg_reset_peak_stats makes every peak the current
+ * value. Both return 0, or -1 on failure. */
+int xseg_empty_cache(int device);
+int xseg_reset_peak_stats(int device);
+
+/* xseg_configure sets the configuration (XSEG_CONF syntax) applied over
+ * XSEG_CONF at first use. Only before the first xseg_malloc; a later call
+ * replaces an earlier one. Returns 0, or -1 (too late, or does not parse). */
+int xseg_configure(const char* conf);
+
+/* xseg_set_log_level sets the level of the log written to standard error:
+ * "off" (the default, or XSEG_LOG), "error", "warn", "info", "debug".
+ * Returns 0, or -1 for an unknown level. */
+int xseg_set_log_level(const char* level);
+
+/* xseg_version returns XSEG_VERSION. */
+const char* xseg_version(void);
+
+/* xseg_last_error returns the text of the most recent failure of any thread,
+ * "" if none. The string stays valid at least until 64 more failures have
+ * happened; copy it at once. */
+const char* xseg_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* XSEG_H */

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/xseg-dev/xseg"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// probeStatus is a capability probe's answer (STYLE habit 4).
+type probeStatus string
+
+const (
+	probeYes     probeStatus = "yes"
+	probeNo      probeStatus = "no"
+	probeUnknown probeStatus = "unknown"
+)
+
+// probeResult is a probe's answer and what it saw.
+type probeResult struct {
+	Status probeStatus `json:"status"`
+	Detail string      `json:"detail"`
+}
+
+// infoReport is what `xseg info` says; its JSON form is `xseg info --json`.
+type infoReport struct {
+	Backend string `json:"backend"`
+	// DriverVersion is CUDA's encoding (1000*major + 10*minor); 0 for the
+	// host backend.
+	DriverVersion int            `json:"driver_version"`
+	CUDA          cudaReport     `json:"cuda"`
+	PidfdGetfd    probeResult    `json:"pidfd_getfd"`
+	Devices       []deviceReport `json:"devices"`
+}
+
+// cudaReport says whether a CUDA driver could be opened, and if not, why.
+type cudaReport struct {
+	Available bool   `json:"available"`
+	Reason    string `json:"reason,omitempty"`
+}
+
+// deviceReport describes one device of the chosen backend.
+type deviceReport struct {
+	Ordinal                int    `json:"ordinal"`
+	Name                   string `json:"name,omitempty"`
+	UUID                   string `json:"uuid,omitempty"`
+	TotalMemory            uint64 `json:"total_memory"`
+	FreeMemory             uint64 `json:"free_memory"`
+	VMM                    bool   `json:"vmm"`
+	Granularity            uint64 `json:"granularity"`
+	RecommendedGranularity uint64 `json:"recommended_granularity"`
+	PosixFD                bool   `json:"posix_fd"`
+	Fabric                 bool   `json:"fabric"`
+	RDMAWithVMM            bool   `json:"rdma_with_vmm"`
+	Error                  string `json:"error,omitempty"`
+}
+
+func newInfoCmd(stdout io.Writer) *cobra.Command {
+	asJSON := false
+	backend := newEnum("auto", "auto", "host", "cuda")
+	cmd := &cobra.Command{
+		Use:   "info",
+		Short: "Report the backend, driver, devices and sharing capabilities of this machine",
+		Long: `info opens the CUDA driver (or says why it cannot) and describes the backend
+that xseg would use: driver version, and for each device its name, memory,
+VMM support, page granularity, shareable handle kinds (POSIX fd, fabric) and
+GPUDirect RDMA with VMM. It also probes whether pidfd_getfd is permitted for
+this process here (yes, no with the errno, or unknown).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cmd.SilenceUsage = true
+			rep, err := gatherInfo(backend.value)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(rep)
+			}
+			return printInfo(stdout, rep)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	cmd.Flags().Var(backend, "backend", "backend to describe: auto (CUDA if it opens, else host), host or cuda")
+	return cmd
+}
+
+// gatherInfo opens the backend and describes it.
+func gatherInfo(backend string) (*infoReport, error) {
+	rep := &infoReport{PidfdGetfd: probePidfdGetfd(), Devices: []deviceReport{}}
+	d, cudaErr := xseg.OpenDriver("cuda", 0)
+	if cudaErr != nil {
+		rep.CUDA.Reason = cudaErr.Error()
+		if backend == "cuda" {
+			return nil, cudaErr
+		}
+	} else {
+		rep.CUDA.Available = true
+		if backend == "host" {
+			if err := d.Close(); err != nil {
+				return nil, fmt.Errorf("closing the CUDA driver: %w", err)
+			}
+			d = nil
+		}
+	}
+	if d == nil {
+		var err error
+		if d, err = xseg.OpenDriver("host", 0); err != nil {
+			return nil, err
+		}
+	}
+	err := describe(d, rep)
+	return rep, errors.Join(err, d.Close())
+}
+
+// describe fills rep with what d says about itself and its devices. A
+// device that cannot be described carries its error in the report.
+func describe(d vmm.Driver, rep *infoReport) error {
+	rep.Backend = d.Backend()
+	v, err := d.DriverVersion()
+	if err != nil {
+		return fmt.Errorf("reading the driver version: %w", err)
+	}
+	rep.DriverVersion = v
+	n, err := d.DeviceCount()
+	if err != nil {
+		return fmt.Errorf("counting devices: %w", err)
+	}
+	for i := range n {
+		rep.Devices = append(rep.Devices, describeDevice(d, vmm.Device(i)))
+	}
+	return nil
+}
+
+func describeDevice(d vmm.Driver, dev vmm.Device) deviceReport {
+	r := deviceReport{Ordinal: int(dev)}
+	di, err := d.DeviceInfo(dev)
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	r.Name, r.UUID, r.TotalMemory = di.Name, di.UUIDString(), di.TotalMemory
+	r.VMM, r.PosixFD, r.Fabric, r.RDMAWithVMM = di.VMM, di.PosixFD, di.Fabric, di.RDMAWithVMM
+	r.Granularity, r.RecommendedGranularity = di.Granularity, di.RecommendedGranularity
+	free, _, err := d.MemInfo(dev)
+	if err != nil {
+		r.Error = fmt.Sprintf("memory info: %v", err)
+	}
+	r.FreeMemory = free
+	return r
+}
+
+// printInfo writes rep as aligned text.
+func printInfo(w io.Writer, rep *infoReport) error {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintf(tw, "backend:\t%s\n", rep.Backend)
+	if rep.CUDA.Available {
+		fmt.Fprintf(tw, "CUDA driver:\t%s\n", cudaVersion(rep.DriverVersion))
+	} else {
+		fmt.Fprintf(tw, "CUDA driver:\tnone here: %s\n", rep.CUDA.Reason)
+	}
+	fmt.Fprintf(tw, "pidfd_getfd:\t%s (%s)\n", rep.PidfdGetfd.Status, rep.PidfdGetfd.Detail)
+	fmt.Fprintf(tw, "devices:\t%d\n", len(rep.Devices))
+	for _, dv := range rep.Devices {
+		fmt.Fprintf(tw, "device %d:\t%s\n", dv.Ordinal, dv.Name)
+		if dv.UUID != "" {
+			fmt.Fprintf(tw, "  uuid:\t%s\n", dv.UUID)
+		}
+		fmt.Fprintf(tw, "  memory:\t%s total, %s free\n", gib(dv.TotalMemory), gib(dv.FreeMemory))
+		fmt.Fprintf(tw, "  vmm:\t%s, granularity %s (recommended %s)\n",
+			yesNo(dv.VMM), mib(dv.Granularity), mib(dv.RecommendedGranularity))
+		fmt.Fprintf(tw, "  shareable handles:\tposix-fd %s, fabric %s\n", yesNo(dv.PosixFD), yesNo(dv.Fabric))
+		fmt.Fprintf(tw, "  GPUDirect RDMA with VMM:\t%s\n", yesNo(dv.RDMAWithVMM))
+		if dv.Error != "" {
+			fmt.Fprintf(tw, "  error:\t%s\n", dv.Error)
+		}
+	}
+	return tw.Flush()
+}
+
+func cudaVersion(v int) string { return fmt.Sprintf("%d.%d (%d)", v/1000, v%1000/10, v) }
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func gib(n uint64) string { return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30)) }
+
+func mib(n uint64) string { return fmt.Sprintf("%g MiB", float64(n)/(1<<20)) }

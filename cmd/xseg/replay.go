@@ -1,0 +1,155 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/xseg-dev/xseg"
+	"github.com/xseg-dev/xseg/bench/trace"
+	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// replayFlags are the flags of `xseg replay`.
+type replayFlags struct {
+	backend   *enumFlag
+	allocator *enumFlag
+	capacity  byteSize
+	device    int
+	conf      string
+	json      bool
+	verbose   bool
+}
+
+func newReplayCmd(stdout, stderr io.Writer) *cobra.Command {
+	f := &replayFlags{
+		backend:   newEnum("auto", "auto", "host", "cuda"),
+		allocator: newEnum("auto", "auto", "expandable", "fallback"),
+	}
+	cmd := &cobra.Command{
+		Use:   "replay [flags] TRACE...",
+		Short: "Replay allocation traces and report peak memory and speed",
+		Long: `replay reads each TRACE (gzip or plain text, one event a line:
+"a <id> <bytes> <stream>" allocates, "f <id>" frees), checks it whole, then
+drives a fresh allocator with its events and reports, per trace: events, the
+trace's peak of live bytes, the allocator's peak of reserved bytes, their
+ratio, nanoseconds per event, pages mapped and unmapped, allocation retries and
+out-of-memory errors. Trace stream 0 is the default stream; every other trace
+stream gets a stream of its own. Blocks still live at the end are freed after
+the timing. It fails if a trace does not parse or an allocation fails.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, paths []string) error {
+			cmd.SilenceUsage = true
+			return runReplay(f, paths, stdout, stderr)
+		},
+	}
+	fl := cmd.Flags()
+	fl.Var(f.backend, "backend", "memory backend: auto (CUDA if it opens, else host), host or cuda")
+	fl.Var(f.allocator, "allocator", "allocator: auto (expandable where the device supports VMM), expandable or fallback")
+	fl.Var(&f.capacity, "capacity", "memory of each host-backend device, e.g. 141GiB (default: the host backend's)")
+	fl.IntVar(&f.device, "device", 0, "`ordinal` of the device to replay on")
+	fl.StringVar(&f.conf, "conf", "", "allocator configuration in `XSEG_CONF` syntax (key:value,...), applied over the environment's")
+	fl.BoolVar(&f.json, "json", false, "print one JSON object a line per trace")
+	fl.BoolVarP(&f.verbose, "verbose", "v", false, "log the allocator's informational messages to stderr")
+	return cmd
+}
+
+// runReplay parses every trace, then replays them one by one on one driver.
+func runReplay(f *replayFlags, paths []string, stdout, stderr io.Writer) error {
+	if f.capacity != 0 && f.backend.value == "cuda" {
+		return errors.New("--capacity sets the host backend's memory; it does not apply to --backend cuda")
+	}
+	cfg, err := replayConfig(f.conf)
+	if err != nil {
+		return err
+	}
+	traces := make([]*trace.Trace, 0, len(paths))
+	for _, p := range paths {
+		t, err := trace.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		traces = append(traces, t)
+	}
+	d, err := xseg.OpenDriver(f.backend.value, uint64(f.capacity))
+	if err != nil {
+		return err
+	}
+	r := &replayer{flags: f, d: d, dev: vmm.Device(f.device), cfg: cfg, stderr: stderr, log: newLogger(stderr, f.verbose)}
+	out := newResultPrinter(stdout, f.json)
+	if !f.json {
+		fmt.Fprintf(stdout, "backend %s, allocator %s, device %d\n", d.Backend(), f.allocator.value, f.device)
+	}
+	var errs []error
+	for _, t := range traces {
+		res, err := r.replay(t)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := out.add(res); err != nil {
+			errs = append(errs, err)
+		}
+		if res.FailedAllocs > 0 {
+			errs = append(errs, fmt.Errorf("%s: %d allocations failed, the first: %w", t.Name, res.FailedAllocs, res.FirstFailure))
+		}
+	}
+	errs = append(errs, out.flush(), d.Close())
+	return errors.Join(errs...)
+}
+
+// replayConfig is the allocator configuration: nil (the environment's,
+// read by xseg.Open) without --conf, else the environment's with conf over
+// it.
+func replayConfig(conf string) (*xseg.Config, error) {
+	if conf == "" {
+		return nil, nil
+	}
+	base, err := core.ConfigFromEnv(os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := xseg.ParseConfig(base, conf)
+	if err != nil {
+		return nil, fmt.Errorf("--conf: %w", err)
+	}
+	return &cfg, nil
+}
+
+func newLogger(w io.Writer, verbose bool) *slog.Logger {
+	level := slog.LevelWarn
+	if verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// resultPrinter prints results as a table (at flush) or as JSON lines (at
+// once).
+type resultPrinter struct {
+	w      io.Writer
+	json   *json.Encoder
+	result []trace.Result
+}
+
+func newResultPrinter(w io.Writer, asJSON bool) *resultPrinter {
+	p := &resultPrinter{w: w}
+	if asJSON {
+		p.json = json.NewEncoder(w)
+	}
+	return p
+}
+
+func (p *resultPrinter) add(r trace.Result) error {
+	if p.json != nil {
+		return p.json.Encode(r)
+	}
+	p.result = append(p.result, r)
+	return nil
+}

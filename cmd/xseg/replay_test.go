@@ -1,0 +1,175 @@
+package main
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// writeTrace writes text to a file in a temporary folder, gzipped if the
+// name ends in .gz, and returns its path.
+func writeTrace(t *testing.T, name, text string) string {
+	t.Helper()
+	data := []byte(text)
+	if strings.HasSuffix(name, ".gz") {
+		var b bytes.Buffer
+		w := gzip.NewWriter(&b)
+		_, err := w.Write(data)
+		require.NoError(t, err)
+		require.NoError(t, w.Close())
+		data = b.Bytes()
+	}
+	path := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(path, data, 0o644))
+	return path
+}
+
+// synthetic is a small trace on two streams whose peak of live bytes is
+// known: 3 MiB + 100 KiB + 600 B, then 40 MiB + 100 KiB + 600 B (the peak,
+// 42,045,016 bytes), then 40 MiB + 600 B; small and large pools both used.
+const synthetic = `a 1 3145728 0
+a 2 102400 1
+a 3 600 0
+f 1
+a 4 41943040 0
+f 2
+a 5 512 1
+f 5
+f 3
+`
+
+const syntheticPeak = 41943040 + 102400 + 600
+
+func TestReplayJSON(t *testing.T) {
+	a := writeTrace(t, "a.trace.gz", synthetic)
+	b := writeTrace(t, "b.trace", synthetic+"f 4\n")
+	out, stderr, err := run(t, "replay", "--backend", "host", "--json", a, b)
+	require.NoError(t, err, stderr)
+	require.Empty(t, stderr, "no progress line when stderr is not a terminal")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2, out)
+	for i, line := range lines {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m))
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		require.Equal(t, []string{"events", "maps", "ns_per_event", "ooms", "peak_live", "peak_reserved",
+			"ratio", "retries", "trace", "unmaps"}, keys)
+		require.Equal(t, []string{a, b}[i], m["trace"])
+		require.EqualValues(t, 9+i, m["events"])
+		require.EqualValues(t, syntheticPeak, m["peak_live"])
+		require.GreaterOrEqual(t, m["ratio"], 1.0)
+		require.GreaterOrEqual(t, m["peak_reserved"], float64(syntheticPeak))
+		require.Greater(t, m["maps"], 0.0)
+		require.Greater(t, m["ns_per_event"], 0.0)
+		require.EqualValues(t, 0, m["ooms"])
+		require.EqualValues(t, 0, m["retries"])
+	}
+}
+
+func TestReplayTable(t *testing.T) {
+	a := writeTrace(t, "a.trace.gz", synthetic)
+	out, _, err := run(t, "replay", "--backend", "host", "--allocator", "expandable", a)
+	require.NoError(t, err)
+	require.Contains(t, out, "backend host, allocator expandable, device 0\n")
+	require.Regexp(t, `trace +events +peak live +peak reserved +ratio +ns/event +maps +unmaps +retries +ooms`, out)
+	require.Regexp(t, fmt.Sprintf(`%s +9 +%d +\d+ +1\.\d{4} +\d+ +\d+ +\d+ +0 +0`, regexpQuote(a), syntheticPeak), out)
+}
+
+func regexpQuote(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`\.+*?()|[]{}^$`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func TestReplayBadTrace(t *testing.T) {
+	good := writeTrace(t, "good.trace", synthetic)
+	bad := writeTrace(t, "bad.trace.gz", "a 1 10 0\na 2 20 0\nf 3\n")
+	out, _, err := run(t, "replay", "--backend", "host", "--json", good, bad)
+	require.ErrorContains(t, err, bad+":3: free of id 3, never allocated")
+	require.Empty(t, out, "every trace is checked before any replay")
+
+	_, _, err = run(t, "replay", "--backend", "host", filepath.Join(t.TempDir(), "missing.trace"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+func TestReplayOutOfMemory(t *testing.T) {
+	// 64 MiB of host memory; the trace wants 100 MiB at once.
+	tr := writeTrace(t, "big.trace", "a 1 41943040 0\na 2 62914560 0\nf 1\nf 2\na 3 1024 0\n")
+	out, _, err := run(t, "replay", "--backend", "host", "--capacity", "64MiB", "--json", tr)
+	require.ErrorIs(t, err, vmm.ErrOutOfMemory)
+	require.ErrorContains(t, err, "1 allocations failed")
+	require.ErrorContains(t, err, tr+":2: allocating 62914560 bytes for id 2")
+	var m map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &m), "the result is printed all the same")
+	require.GreaterOrEqual(t, m["ooms"], 1.0)
+	require.LessOrEqual(t, m["peak_reserved"], float64(64<<20))
+}
+
+func TestReplayFlags(t *testing.T) {
+	tr := writeTrace(t, "a.trace", synthetic)
+	_, _, err := run(t, "replay", "--backend", "cuda", "--capacity", "1GiB", tr)
+	require.ErrorContains(t, err, "--capacity sets the host backend's memory")
+	_, _, err = run(t, "replay", "--capacity", "lots", tr)
+	require.ErrorContains(t, err, `bad size "lots"`)
+	_, _, err = run(t, "replay", "--allocator", "slab", tr)
+	require.ErrorContains(t, err, `"slab" is not one of auto, expandable, fallback`)
+	_, _, err = run(t, "replay")
+	require.ErrorContains(t, err, "requires at least 1 arg")
+	_, _, err = run(t, "replay", "--backend", "host", "--conf", "no_such_key:1", tr)
+	require.ErrorContains(t, err, "no_such_key")
+}
+
+func TestReplayConf(t *testing.T) {
+	tr := writeTrace(t, "a.trace", synthetic)
+	peakReserved := func(args ...string) float64 {
+		out, _, err := run(t, append([]string{"replay", "--backend", "host", "--json"}, append(args, tr)...)...)
+		require.NoError(t, err)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(out), &m))
+		return m["peak_reserved"].(float64)
+	}
+	// With 100 MiB large pages, the first large block maps a whole one;
+	// with the default 20 MiB pages, 43 MiB of large blocks never need 100.
+	require.Less(t, peakReserved(), float64(100<<20))
+	require.GreaterOrEqual(t, peakReserved("--conf", "large_page_mb:100"), float64(100<<20))
+}
+
+// TestReplayShippedTraces replays the traces the project carries, as the
+// README's main command does (the host backend here; a second stream for
+// gpt2_varlen). Sparse host pages make it quick: well under a second.
+func TestReplayShippedTraces(t *testing.T) {
+	dir := filepath.Join("..", "..", "bench", "traces")
+	out, _, err := run(t, "replay", "--backend", "host", "--json",
+		filepath.Join(dir, "gpt2_train.trace.gz"), filepath.Join(dir, "gpt2_varlen.trace.gz"))
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2)
+	for i, want := range []struct{ events, peak float64 }{{8989, 15775644680}, {34484, 25520191792}} {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(lines[i]), &m))
+		require.Equal(t, want.events, m["events"])
+		require.Equal(t, want.peak, m["peak_live"])
+		require.GreaterOrEqual(t, m["ratio"], 1.0)
+		require.EqualValues(t, 0, m["ooms"])
+		t.Logf("%s", lines[i])
+	}
+}

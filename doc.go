@@ -1,0 +1,29 @@
+// Package xseg is a GPU memory allocator built on the CUDA driver's
+// virtual-memory management API: the "expandable segments" of PyTorch's
+// caching allocator as a library.
+//
+// [Open] picks a backend (CUDA when a driver and a device are there, else
+// the host backend, which runs the same contract on Linux host memory) and
+// an allocator (package expandable: one reserved address range per stream
+// and pool, physical pages mapped into it on demand, best-fit blocks,
+// stream-ordered reuse, whole free pages given back on EmptyCache, on OOM
+// and above a release threshold). Every allocator implements [Allocator]
+// and is safe for concurrent use.
+//
+//	a, err := xseg.Open(xseg.Options{})
+//	if err != nil { ... }
+//	defer a.Close()
+//	p, err := a.Alloc(64<<20, 0)
+//	...
+//	err = a.Free(p)
+//
+// Configuration comes from [Options.Config] or, when it is nil, from the
+// environment: XSEG_CONF ("large_page_mb:20,release_threshold_mb:512,
+// oom_max_retries:3,oom_delay_ms:200,oom_wait_ms:1000", see [ParseConfig])
+// over the seed allocator's OOM_MAX_RETRIES, OOM_DELAY_MS, OOM_SIZE_FACTOR
+// and OOM_VERBOSE.
+//
+// Errors match the sentinels of package vmm through errors.Is: a request
+// that cannot be met is vmm.ErrOutOfMemory, bad input vmm.ErrInvalid, use
+// after Close vmm.ErrClosed.
+package xseg

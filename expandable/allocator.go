@@ -1,0 +1,111 @@
+package expandable
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// Config is the allocator's configuration (see core.Config).
+type Config = core.Config
+
+// Allocator is the expandable-segments allocator of one device. It
+// implements xseg.Allocator and is safe for concurrent use by multiple
+// goroutines.
+type Allocator struct {
+	heap *core.Heap
+	d    vmm.Driver
+	dev  vmm.Device
+}
+
+// New makes an allocator for device dev of d. The device must support VMM
+// (else the error matches vmm.ErrNotSupported) and both page sizes of cfg
+// must be multiples of its granularity (else vmm.ErrInvalid). The allocator
+// does not close d. log may be nil.
+func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator, error) {
+	info, err := d.DeviceInfo(dev)
+	if err != nil {
+		return nil, fmt.Errorf("expandable: device %d: %w", dev, err)
+	}
+	if !info.VMM {
+		return nil, fmt.Errorf("expandable: device %d (%s) has no virtual memory management: %w", dev, info.Name, vmm.ErrNotSupported)
+	}
+	g := info.Granularity
+	for _, c := range []struct {
+		key  string
+		size uint64
+	}{{"small_page_mb", cfg.SmallPageSize}, {"large_page_mb", cfg.LargePageSize}} {
+		if g == 0 || c.size == 0 || c.size%g != 0 {
+			return nil, fmt.Errorf("expandable: %s: page size %d is not a multiple of the device's granularity %d: %w", c.key, c.size, g, vmm.ErrInvalid)
+		}
+	}
+	p := &pages{d: d, dev: dev, cfg: cfg, total: info.TotalMemory, rw: vmm.ReadWrite(dev)}
+	if cfg.Shareable {
+		p.types = vmm.HandlePosixFD
+	}
+	h, err := core.NewHeap(d, dev, p, cfg, info.TotalMemory, log)
+	if err != nil {
+		return nil, fmt.Errorf("expandable: %w", err)
+	}
+	return &Allocator{heap: h, d: d, dev: dev}, nil
+}
+
+// Device is the device the allocator hands out memory of.
+func (a *Allocator) Device() vmm.Device { return a.dev }
+
+// Driver is the driver the allocator runs on.
+func (a *Allocator) Driver() vmm.Driver { return a.d }
+
+// Config is the configuration the allocator runs with.
+func (a *Allocator) Config() Config { return a.heap.Config() }
+
+// Alloc returns a block of at least size bytes (rounded up to 512) for use
+// on stream s. It never returns less; when memory runs out it follows the
+// OOM policy (see the package documentation) and fails with an error
+// matching vmm.ErrOutOfMemory. Size 0 is vmm.ErrInvalid.
+func (a *Allocator) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
+	return a.heap.Alloc(size, s)
+}
+
+// AllocAtMost returns the largest block it can get of at most max and at
+// least min bytes, and its size: it tries max, then shrinks the request by
+// the configured OOMSizeFactor until it reaches min.
+func (a *Allocator) AllocAtMost(max, min uint64, s vmm.Stream) (vmm.DevicePtr, uint64, error) {
+	return a.heap.AllocAtMost(max, min, s)
+}
+
+// Free gives the block at ptr back. Freeing an unknown or interior pointer,
+// or a block twice, is an error matching vmm.ErrInvalid that changes
+// nothing.
+func (a *Allocator) Free(ptr vmm.DevicePtr) error { return a.heap.Free(ptr) }
+
+// RecordStream marks the block at ptr as used on stream s as well: once
+// freed, it is reused only after the work queued on s by then has finished.
+func (a *Allocator) RecordStream(ptr vmm.DevicePtr, s vmm.Stream) error {
+	return a.heap.RecordStream(ptr, s)
+}
+
+// EmptyCache gives every whole free page, every empty reservation and every
+// cached physical page back to the driver.
+func (a *Allocator) EmptyCache() error { return a.heap.EmptyCache() }
+
+// Stats returns the current statistics. ReservedBytes counts the physical
+// pages the allocator holds: mapped ones and those kept in its page cache.
+func (a *Allocator) Stats() core.Stats { return a.heap.Stats() }
+
+// ResetPeakStats makes every peak the current value.
+func (a *Allocator) ResetPeakStats() { a.heap.ResetPeakStats() }
+
+// Snapshot returns the segments, their mapped ranges and blocks.
+func (a *Allocator) Snapshot() core.Snapshot { return a.heap.Snapshot() }
+
+// Close unmaps and releases everything the allocator holds; blocks still
+// allocated become invalid. It does not close the driver. A second Close
+// returns nil; other methods fail with vmm.ErrClosed after it.
+func (a *Allocator) Close() error { return a.heap.Close() }
+
+// DefaultConfig returns core.DefaultConfig: 2 MiB small pages for requests
+// up to 1 MiB, 20 MiB large pages, no release threshold.
+func DefaultConfig() Config { return core.DefaultConfig() }

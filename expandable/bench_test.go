@@ -1,0 +1,109 @@
+package expandable
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// benchSizes are the request sizes the cached benchmarks cycle through,
+// 512 B to 100 MiB.
+var benchSizes = []uint64{512, 4 << 10, 100 << 10, 1 << 20, 3 << 20, 10 << 20, 37 << 20, 100 << 20}
+
+// warm leaves one free block of each of benchSizes in the cache, each
+// between two live blocks, as in a training loop where the tensors freed
+// and reallocated each step sit among longer-lived ones.
+func warm(b *testing.B, a *Allocator, s vmm.Stream) {
+	var tmp []vmm.DevicePtr
+	for range 2 {
+		for _, n := range benchSizes {
+			p, err := a.Alloc(n, s)
+			require.NoError(b, err)
+			q, err := a.Alloc(n, s) // the neighbour that stays
+			require.NoError(b, err)
+			tmp = append(tmp, p)
+			_ = q
+		}
+	}
+	for _, p := range tmp {
+		require.NoError(b, a.Free(p))
+	}
+}
+
+// BenchmarkAllocFreeCached is one Alloc and one Free of a size the cache
+// holds, sizes cycling from 512 B to 100 MiB.
+func BenchmarkAllocFreeCached(b *testing.B) {
+	a := newAlloc(b, hostDriver(b, 0), DefaultConfig())
+	warm(b, a, 0)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		p, err := a.Alloc(benchSizes[i%len(benchSizes)], 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := a.Free(p); err != nil {
+			b.Fatal(err)
+		}
+	}
+	st := a.Stats()
+	require.Zero(b, st.NumAllocRetries)
+}
+
+// BenchmarkAllocFreeCachedParallel runs the pairs from GOMAXPROCS
+// goroutines on one stream.
+func BenchmarkAllocFreeCachedParallel(b *testing.B) {
+	a := newAlloc(b, hostDriver(b, 0), DefaultConfig())
+	for range 8 {
+		warm(b, a, 0)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for i := 0; pb.Next(); i++ {
+			p, err := a.Alloc(benchSizes[i%len(benchSizes)], 0)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if err := a.Free(p); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// benchGrow allocates a block that needs pages fresh pages, frees it and
+// empties the cache, each iteration; it reports nanoseconds per grow.
+func benchGrow(b *testing.B, pages uint64) {
+	cfg := DefaultConfig()
+	cfg.PageCacheBytes = 0
+	a := newAlloc(b, hostDriver(b, 0), cfg)
+	size := pages * cfg.LargePageSize
+	b.ResetTimer()
+	for b.Loop() {
+		p, err := a.Alloc(size, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := a.Free(p); err != nil {
+			b.Fatal(err)
+		}
+		if err := a.EmptyCache(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	st := a.Stats()
+	require.Equal(b, int64(b.N)*int64(pages), st.Maps)
+	require.Equal(b, int64(b.N), st.SetAccessCalls)
+}
+
+// BenchmarkGrowOnePage grows by one 20 MiB page.
+func BenchmarkGrowOnePage(b *testing.B) { benchGrow(b, 1) }
+
+// BenchmarkGrow64Pages grows by a run of 64 pages: one Map a page, one
+// SetAccess for the run.
+func BenchmarkGrow64Pages(b *testing.B) { benchGrow(b, 64) }

@@ -1,0 +1,74 @@
+// Package expandable is xseg's expandable-segments allocator: segments that
+// grow and shrink by physical pages under a fixed address, best-fit blocks,
+// stream-ordered reuse and the OOM policy.
+//
+// # Overview
+//
+// The allocator serves one device. Requests are rounded up to 512 bytes
+// and sorted into two pools: small (up to Config.SmallLimit, 1 MiB by
+// default) and large. Each (stream, pool) that is used gets one segment: an
+// address range as large as the device's memory, reserved at first use
+// and never moved. Physical pages (2 MiB for the small pool, 20 MiB for the
+// large pool by default; one driver handle each) are mapped into the
+// segment on demand, so a segment is a run of mapped pages with unmapped
+// holes, and the block core (package internal/core) tiles it with blocks in
+// address order: allocated, pending, free, or unmapped holes.
+//
+// An allocation looks, in order, at
+//
+//  1. the exact-size list of its (stream, pool): a block freed with exactly
+//     this size and no free neighbour, handed out without any search (the
+//     warm path: a lock, two map operations, no allocation);
+//  2. the best-fit tree of coalesced free blocks, by (size, address); a
+//     free block followed by unmapped pages counts as the size it could
+//     grow to, so the block at the end of the mapped pages is kept for
+//     growth while a bounded block fits;
+//  3. new pages: at the lowest hole of the segment that, with the free
+//     block before it, fits; the block starts at that free block and only
+//     the missing pages are mapped, one Map per page and ONE SetAccess for
+//     the run. Pages come from the page cache first. Before new ones are
+//     created, whole free pages elsewhere in the segment are unmapped into
+//     the cache and reused: a free page in the middle of a segment is
+//     worth nothing while the segment grows at its end.
+//
+// A freed block goes to its exact-size list; lists are coalesced into the
+// tree when a request misses them, before pages are mapped, and before
+// anything is unmapped, so lazy coalescing never costs memory.
+//
+// # Streams
+//
+// A block belongs to the stream it was allocated on and is reused by that
+// stream only. RecordStream adds other streams that use it; freeing such a
+// block records one (pooled) event on each and parks the block as pending.
+// Pending events are polled at the next allocation; a block whose events
+// have all completed becomes free. Before pages are unmapped the
+// segment's stream is synchronized and its pending events waited for.
+//
+// # Giving memory back
+//
+// Whole free pages are unmapped on EmptyCache (which also gives back empty
+// reservations, the page cache and idle events), on OOM, and when the free
+// bytes in mapped pages pass Config.ReleaseThreshold (off by default).
+// Unmapped pages go to a bounded cache (Config.PageCacheBytes) and are
+// reused before new ones are created. ReservedBytes counts the physical
+// pages the allocator holds: mapped ones and cached ones.
+//
+// # Out of memory
+//
+// When the driver runs out of memory the allocator waits for the pending
+// frees of the stream, unmaps every whole free page of every segment (all
+// streams), releases the page cache and retries; then, if configured, it
+// waits up to Config.OOMWait for frees by other goroutines and retries
+// Config.OOMMaxRetries times with exponential backoff from Config.OOMDelay
+// (for memory held by other processes). The final error matches
+// vmm.ErrOutOfMemory and says the size asked for, the device's free
+// memory, this allocator's reserved and allocated bytes and the retries
+// made. AllocAtMost shrinks its request by Config.OOMSizeFactor down to a
+// minimum; Alloc never returns less than asked.
+//
+// # Concurrency
+//
+// An Allocator is safe for concurrent use by multiple goroutines. One
+// mutex guards it; it is released only while the OOM policy sleeps or
+// waits. The driver is called with the mutex held.
+package expandable

@@ -1,0 +1,90 @@
+package expandable
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+func TestOOMEmptiesAnotherStreamsCache(t *testing.T) {
+	d := hostDriver(t, 100<<20) // five 20 MiB pages
+	a := newAlloc(t, d, DefaultConfig())
+	s, err := d.StreamCreate(0)
+	require.NoError(t, err)
+	defer func() {
+		require.NoError(t, a.Close())
+		require.NoError(t, d.StreamDestroy(s))
+	}()
+
+	p, err := a.Alloc(80<<20, s)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(p)) // four pages cached on stream s
+	q, err := a.Alloc(60<<20, 0)  // needs three: only after s's are unmapped
+	require.NoError(t, err)
+	st := a.Stats()
+	require.Equal(t, int64(1), st.NumAllocRetries)
+	require.Zero(t, st.NumOOMs)
+	require.Equal(t, int64(60<<20), st.ReservedBytes.All.Current)
+	require.NoError(t, a.Free(q))
+}
+
+func TestOOMErrorSaysWhat(t *testing.T) {
+	d := hostDriver(t, 100<<20)
+	cfg := DefaultConfig()
+	cfg.OOMMaxRetries = 2
+	cfg.OOMDelay = time.Millisecond
+	a := newAlloc(t, d, cfg)
+	p, err := a.Alloc(60<<20, 0)
+	require.NoError(t, err)
+	_, err = a.Alloc(60<<20, 0)
+	require.ErrorIs(t, err, vmm.ErrOutOfMemory)
+	for _, want := range []string{"allocating 62914560 bytes", "bytes free of 104857600", "reserves 62914560 bytes", "62914560 allocated", "after 3 retries"} {
+		require.ErrorContains(t, err, want)
+	}
+	st := a.Stats()
+	require.Equal(t, int64(1), st.NumOOMs)
+	require.Equal(t, int64(3), st.NumAllocRetries)
+	require.NoError(t, a.Free(p))
+}
+
+func TestOOMWaitsForFrees(t *testing.T) {
+	d := hostDriver(t, 100<<20)
+	cfg := DefaultConfig()
+	cfg.OOMWait = 5 * time.Second
+	a := newAlloc(t, d, cfg)
+	p, err := a.Alloc(60<<20, 0)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		time.Sleep(20 * time.Millisecond)
+		require.NoError(t, a.Free(p))
+	})
+	start := time.Now()
+	q, err := a.Alloc(60<<20, 0)
+	require.NoError(t, err)
+	require.Less(t, time.Since(start), 4*time.Second, "woken by the free, not the deadline")
+	wg.Wait()
+	require.NoError(t, a.Free(q))
+}
+
+func TestAllocAtMost(t *testing.T) {
+	d := hostDriver(t, 100<<20)
+	a := newAlloc(t, d, DefaultConfig())
+	p, size, err := a.AllocAtMost(1<<30, 10<<20, 0)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, size, uint64(10<<20))
+	require.LessOrEqual(t, size, uint64(100<<20))
+	require.Less(t, size, uint64(1<<30))
+	_, _, err = a.AllocAtMost(1<<30, 90<<20, 0)
+	require.ErrorIs(t, err, vmm.ErrOutOfMemory, "min cannot be met")
+	require.Equal(t, int64(1), a.Stats().NumOOMs, "only the final attempt counts as an OOM")
+	require.NoError(t, a.Free(p))
+	q, size, err := a.AllocAtMost(40<<20, 1<<20, 0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(40<<20), size, "max is taken when it fits")
+	require.NoError(t, a.Free(q))
+}

@@ -1,0 +1,116 @@
+package handles
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"fmt"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// Kind is the kind of page handle a descriptor carries.
+type Kind uint16
+
+const (
+	// KindPosixFD: the pages are POSIX file descriptors of the exporter,
+	// fetched through a transport (pidfd_getfd or the exporter's socket).
+	KindPosixFD Kind = 1
+	// KindFabric: the pages are fabric handles carried in the descriptor.
+	KindFabric Kind = 2
+)
+
+// HandleType returns the vmm handle type of k (HandleNone if k is unknown).
+func (k Kind) HandleType() vmm.HandleType {
+	switch k {
+	case KindPosixFD:
+		return vmm.HandlePosixFD
+	case KindFabric:
+		return vmm.HandleFabric
+	}
+	return vmm.HandleNone
+}
+
+func (k Kind) String() string {
+	switch k {
+	case KindPosixFD:
+		return "posix-fd"
+	case KindFabric:
+		return "fabric"
+	}
+	return fmt.Sprintf("Kind(%d)", uint16(k))
+}
+
+// Token is the random secret of one share: an importer proves with it that
+// it was given the descriptor.
+type Token [16]byte
+
+// NewToken returns a token from crypto/rand.
+func NewToken() (Token, error) {
+	var t Token
+	if _, err := rand.Read(t[:]); err != nil {
+		return Token{}, fmt.Errorf("making share token: %w", err)
+	}
+	return t, nil
+}
+
+// Equal compares two tokens in constant time.
+func (t Token) Equal(u Token) bool { return subtle.ConstantTimeCompare(t[:], u[:]) == 1 }
+
+// IsZero reports whether t is all zeroes (never a token NewToken makes).
+func (t Token) IsZero() bool { return t == Token{} }
+
+// Limits of the wire format (version 1).
+const (
+	// MinPageSize and MaxPageSize bound Descriptor.PageSize.
+	MinPageSize = 1 << 12
+	MaxPageSize = 1 << 40
+	// MaxPages bounds Descriptor.PageCount.
+	MaxPages = 1 << 20
+	// MaxEndpoint bounds the length of Descriptor.Endpoint: a Unix socket
+	// path (sun_path holds 108 bytes with its terminating NUL).
+	MaxEndpoint = 107
+	// MaxPID bounds Descriptor.ExporterPID (Linux's PID_MAX_LIMIT).
+	MaxPID = 1 << 22
+)
+
+// Descriptor describes one shared range: which pages, where the block lies
+// inside them, who exports them and how to fetch them. Its wire form
+// (MarshalBinary, ParseDescriptor) is what an exporter hands out and an
+// importer receives from any channel; the importer treats it as untrusted.
+//
+// The pages are exactly the pages the block touches, rounded out: Offset is
+// less than PageSize and the block reaches into the last page. Page i of the
+// range is PageFDs[i] (exporter's fd numbers, KindPosixFD) or Fabric[i]
+// (KindFabric).
+//
+// A Descriptor is a plain value; it is not safe for concurrent mutation.
+type Descriptor struct {
+	// Kind of the page handles.
+	Kind Kind
+	// ExporterPID is the exporting process.
+	ExporterPID int
+	// DeviceUUID is the UUID of the device the pages live on (all zero on
+	// the host backend).
+	DeviceUUID [16]byte
+	// PageSize is the size of every page, a power of two.
+	PageSize uint64
+	// PageCount is the number of pages.
+	PageCount int
+	// Offset and Length place the shared block inside the pages.
+	Offset, Length uint64
+	// Endpoint names the exporter's Unix socket: "@name" for an abstract
+	// socket, else a filesystem path; empty when it serves none.
+	Endpoint string
+	// Token is the share's secret, checked by the exporter's socket.
+	Token Token
+	// PageFDs are the exporter's own fd numbers of the pages, for
+	// pidfd_getfd: empty, or PageCount of them. KindPosixFD only.
+	PageFDs []int
+	// Fabric are the pages' fabric handles: PageCount of them. KindFabric
+	// only.
+	Fabric []Fabric
+}
+
+// Bytes returns PageSize*PageCount, the size of the shared extent. Call it
+// on a validated descriptor only.
+func (d *Descriptor) Bytes() uint64 { return d.PageSize * uint64(d.PageCount) }

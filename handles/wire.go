@@ -1,0 +1,256 @@
+package handles
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/bits"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// Wire format, version 1. All integers are little endian; fields appear in
+// exactly this order and nothing follows the last one:
+//
+//	off  size  field
+//	  0     4  magic "XSGD"
+//	  4     2  version (1)
+//	  6     2  kind (1 posix-fd, 2 fabric)
+//	  8     4  exporter pid
+//	 12    16  device UUID
+//	 28     8  page size
+//	 36     4  page count
+//	 40     8  offset of the block in the pages
+//	 48     8  length of the block
+//	 56    16  token
+//	 72     2  endpoint length n (<= 107)
+//	 74     n  endpoint bytes
+//	74+n    4  handle count c
+//	78+n     c handles: int32 fd numbers (posix-fd) or 64-byte fabric handles
+const (
+	// Version is the wire format version this package writes and reads.
+	Version    = 1
+	magic      = "XSGD"
+	headerSize = 74
+)
+
+// MarshalBinary validates d and encodes it in the wire format.
+func (d *Descriptor) MarshalBinary() ([]byte, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	le := binary.LittleEndian
+	b := make([]byte, 0, headerSize+len(d.Endpoint)+4+len(d.PageFDs)*4+len(d.Fabric)*64)
+	b = append(b, magic...)
+	b = le.AppendUint16(b, Version)
+	b = le.AppendUint16(b, uint16(d.Kind))
+	b = le.AppendUint32(b, uint32(d.ExporterPID))
+	b = append(b, d.DeviceUUID[:]...)
+	b = le.AppendUint64(b, d.PageSize)
+	b = le.AppendUint32(b, uint32(d.PageCount))
+	b = le.AppendUint64(b, d.Offset)
+	b = le.AppendUint64(b, d.Length)
+	b = append(b, d.Token[:]...)
+	b = le.AppendUint16(b, uint16(len(d.Endpoint)))
+	b = append(b, d.Endpoint...)
+	b = le.AppendUint32(b, uint32(len(d.PageFDs)+len(d.Fabric)))
+	for _, fd := range d.PageFDs {
+		b = le.AppendUint32(b, uint32(fd))
+	}
+	for _, f := range d.Fabric {
+		b = append(b, f[:]...)
+	}
+	return b, nil
+}
+
+// ParseDescriptor decodes and validates a descriptor in the wire format.
+// b is untrusted: any malformed, truncated, oversized or inconsistent input,
+// an unknown version, and trailing bytes give an error wrapping
+// vmm.ErrInvalid; it never panics. The result does not alias b.
+func ParseDescriptor(b []byte) (*Descriptor, error) {
+	r := reader{b: b}
+	if m := r.bytes(4); m != nil && string(m) != magic {
+		return nil, invalid("bad magic %q", m)
+	}
+	if v := r.u16(); r.err == nil && v != Version {
+		return nil, invalid("unknown version %d (this build reads %d)", v, Version)
+	}
+	d := &Descriptor{Kind: Kind(r.u16()), ExporterPID: int(r.u32())}
+	copy(d.DeviceUUID[:], r.bytes(16))
+	d.PageSize = r.u64()
+	d.PageCount = int(r.u32())
+	d.Offset = r.u64()
+	d.Length = r.u64()
+	copy(d.Token[:], r.bytes(16))
+	d.Endpoint = string(r.bytes(int(r.u16())))
+	n := int(r.u32())
+	if r.err != nil {
+		return nil, r.err
+	}
+	if err := d.validateHandleCount(n); err != nil {
+		return nil, err
+	}
+	if err := d.readHandles(&r, n); err != nil {
+		return nil, err
+	}
+	if len(r.b) != 0 {
+		return nil, invalid("%d trailing bytes", len(r.b))
+	}
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// readHandles reads n handles of d's kind.
+func (d *Descriptor) readHandles(r *reader, n int) error {
+	if n == 0 {
+		return nil
+	}
+	size := 4
+	if d.Kind == KindFabric {
+		size = 64
+	}
+	if len(r.b)/size < n {
+		return invalid("truncated: %d handles need %d bytes, %d left", n, n*size, len(r.b))
+	}
+	switch d.Kind {
+	case KindPosixFD:
+		d.PageFDs = make([]int, n)
+		for i := range d.PageFDs {
+			d.PageFDs[i] = int(int32(r.u32()))
+		}
+	case KindFabric:
+		d.Fabric = make([]Fabric, n)
+		for i := range d.Fabric {
+			copy(d.Fabric[i][:], r.bytes(64))
+		}
+	}
+	return r.err
+}
+
+// validateHandleCount checks a handle count against kind and page count
+// before anything is allocated for it.
+func (d *Descriptor) validateHandleCount(n int) error {
+	if d.PageCount <= 0 || d.PageCount > MaxPages {
+		return invalid("page count %d outside 1..%d", d.PageCount, MaxPages)
+	}
+	switch d.Kind {
+	case KindPosixFD:
+		if n != 0 && n != d.PageCount {
+			return invalid("%d fd numbers for %d pages", n, d.PageCount)
+		}
+	case KindFabric:
+		if n != d.PageCount {
+			return invalid("%d fabric handles for %d pages", n, d.PageCount)
+		}
+	default:
+		return invalid("unknown handle kind %d", uint16(d.Kind))
+	}
+	return nil
+}
+
+// Validate checks every field of d; MarshalBinary and ParseDescriptor call
+// it. The error wraps vmm.ErrInvalid.
+func (d *Descriptor) Validate() error {
+	if d.ExporterPID <= 0 || d.ExporterPID > MaxPID {
+		return invalid("exporter pid %d outside 1..%d", d.ExporterPID, MaxPID)
+	}
+	if d.PageSize < MinPageSize || d.PageSize > MaxPageSize || bits.OnesCount64(d.PageSize) != 1 {
+		return invalid("page size %d is not a power of two in %d..%d", d.PageSize, MinPageSize, uint64(MaxPageSize))
+	}
+	if err := d.validateHandleCount(len(d.PageFDs) + len(d.Fabric)); err != nil {
+		return err
+	}
+	if d.Kind == KindPosixFD && len(d.Fabric) != 0 || d.Kind == KindFabric && len(d.PageFDs) != 0 {
+		return invalid("%s descriptor carries handles of the other kind", d.Kind)
+	}
+	if err := d.validateExtent(); err != nil {
+		return err
+	}
+	if len(d.Endpoint) > MaxEndpoint || bytes.IndexByte([]byte(d.Endpoint), 0) >= 0 || d.Endpoint == "@" {
+		return invalid("endpoint %q: want at most %d bytes without NUL", d.Endpoint, MaxEndpoint)
+	}
+	if d.Token.IsZero() {
+		return invalid("zero token")
+	}
+	for i, fd := range d.PageFDs {
+		if fd < 0 || fd > math.MaxInt32 {
+			return invalid("fd number %d of page %d", fd, i)
+		}
+	}
+	for i, f := range d.Fabric {
+		if f.IsZero() {
+			return invalid("zero fabric handle of page %d", i)
+		}
+	}
+	return nil
+}
+
+// validateExtent checks that [Offset, Offset+Length) lies in the pages
+// without overflow and that the pages are the block rounded out.
+func (d *Descriptor) validateExtent() error {
+	hi, total := bits.Mul64(d.PageSize, uint64(d.PageCount))
+	if hi != 0 {
+		return invalid("%d pages of %d bytes overflow", d.PageCount, d.PageSize)
+	}
+	end, carry := bits.Add64(d.Offset, d.Length, 0)
+	switch {
+	case d.Length == 0:
+		return invalid("zero length")
+	case carry != 0 || end > total:
+		return invalid("block [%d, +%d) outside %d pages of %d bytes", d.Offset, d.Length, d.PageCount, d.PageSize)
+	case d.Offset >= d.PageSize:
+		return invalid("offset %d skips a whole page of %d bytes", d.Offset, d.PageSize)
+	case end <= total-d.PageSize:
+		return invalid("block ends at %d, before the last of %d pages", end, d.PageCount)
+	}
+	return nil
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("descriptor: "+format+": %w", append(args, vmm.ErrInvalid)...)
+}
+
+// reader decodes little-endian fields; after the first short read every
+// read returns zero and err says where the input ended.
+type reader struct {
+	b   []byte
+	off int
+	err error
+}
+
+func (r *reader) bytes(n int) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n > len(r.b) {
+		r.err = invalid("truncated at byte %d: need %d more, have %d", r.off, n, len(r.b))
+		return nil
+	}
+	v := r.b[:n:n]
+	r.b, r.off = r.b[n:], r.off+n
+	return v
+}
+
+func (r *reader) u16() uint16 {
+	if b := r.bytes(2); b != nil {
+		return binary.LittleEndian.Uint16(b)
+	}
+	return 0
+}
+
+func (r *reader) u32() uint32 {
+	if b := r.bytes(4); b != nil {
+		return binary.LittleEndian.Uint32(b)
+	}
+	return 0
+}
+
+func (r *reader) u64() uint64 {
+	if b := r.bytes(8); b != nil {
+		return binary.LittleEndian.Uint64(b)
+	}
+	return 0
+}

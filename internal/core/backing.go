@@ -1,0 +1,61 @@
+package core
+
+import "github.com/xseg-dev/xseg/vmm"
+
+// Backing is what differs between allocators: where segments come from and
+// how pages behind them are made usable and given back. The expandable
+// allocator reserves one large range per (stream, pool) and maps pages into
+// it on demand; the fallback allocator makes each segment one plain
+// allocation that is mapped from the start and is its own single page.
+//
+// The Heap calls a Backing only with its own lock held, so a Backing needs
+// no lock of its own for the state the Heap hands it. Every method either
+// succeeds or leaves things as they were (Unmap: see there); it counts the
+// driver work it does in st (Maps, Unmaps, SetAccessCalls, PagesCreated,
+// PagesReused), never the byte counters, which the Heap keeps.
+type Backing interface {
+	// NewSegment makes a segment for seg.Stream and seg.Pool that can
+	// hold at least size bytes, and fills in seg.Base, seg.Size,
+	// seg.PageSize (which divides seg.Size) and seg.StartsMapped. A
+	// segment that starts mapped is usable at once; otherwise nothing in
+	// it is mapped. The Heap stores its own state in seg.Data's siblings;
+	// the Backing may keep its own in seg.Data.
+	NewSegment(seg *Seg, size uint64, st *Stats) error
+	// Map makes the whole pages [ptr, ptr+size) of seg usable. On error
+	// nothing is mapped.
+	Map(seg *Seg, ptr vmm.DevicePtr, size uint64, st *Stats) error
+	// Unmap gives back the whole pages [ptr, ptr+size) of seg; the Heap
+	// has waited for the work that may touch them. It returns how many
+	// bytes from ptr on it unmapped: all of them, or on error a prefix.
+	Unmap(seg *Seg, ptr vmm.DevicePtr, size uint64, st *Stats) (uint64, error)
+	// DropSegment gives back a segment in which nothing is mapped.
+	DropSegment(seg *Seg, st *Stats) error
+	// CachedBytes is the size of the unmapped physical pages of pool p the
+	// Backing keeps for reuse; they count as reserved.
+	CachedBytes(p Pool) uint64
+	// ReleaseCache gives every cached page back to the driver.
+	ReleaseCache(st *Stats) error
+}
+
+// Seg is a live segment (Segment is its snapshot): a range of addresses that blocks tile: for the expandable
+// allocator a reserved range of one (stream, pool), for fallback one plain
+// allocation. The exported fields are set by Backing.NewSegment and do not
+// change afterwards.
+type Seg struct {
+	Stream       vmm.Stream
+	Pool         Pool
+	Base         vmm.DevicePtr
+	Size         uint64
+	PageSize     uint64
+	StartsMapped bool
+	// Data is the Backing's own state for this segment.
+	Data any
+
+	st     *state   // the (stream, pool) it belongs to
+	first  *block   // blocks in address order
+	holes  []*block // unmapped blocks in address order
+	mapped uint64   // bytes mapped
+}
+
+// End is the first address after the segment.
+func (s *Seg) End() vmm.DevicePtr { return s.Base.Add(s.Size) }

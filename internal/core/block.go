@@ -1,0 +1,163 @@
+package core
+
+import (
+	"github.com/google/btree"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// MinBlock is the rounding unit of block sizes and the smallest remainder
+// a split leaves.
+const MinBlock = 512
+
+// RoundSize rounds a request up to a multiple of MinBlock.
+func RoundSize(n uint64) uint64 { return (n + MinBlock - 1) &^ (MinBlock - 1) }
+
+type blockState uint8
+
+const (
+	stFree      blockState = iota // mapped, not handed out
+	stAllocated                   // handed out to a caller
+	stPending                     // freed, waiting for events of other streams
+	stUnmapped                    // a hole: whole pages with nothing mapped
+)
+
+// block is a piece of a segment. Blocks of a segment tile it in address
+// order through prev and next. A free block is in exactly one of its
+// state's free structures: an exact-size list (inExact) or the best-fit
+// tree. Holes are in their segment's holes list. Every block but a hole
+// is in the Heap's ptr map.
+type block struct {
+	ptr        vmm.DevicePtr
+	size       uint64
+	requested  uint64
+	seg        *Seg
+	prev, next *block
+	nextExact  *block // next of the same exact-size list
+	uses       []vmm.Stream
+	events     int // pending events before a pending block is free
+	state      blockState
+	inExact    bool
+}
+
+func (b *block) end() vmm.DevicePtr { return b.ptr.Add(b.size) }
+
+func (b *block) isFreeIn() bool { return b != nil && b.state == stFree && !b.inExact }
+
+func lessBySize(a, b *block) bool {
+	if a.size != b.size {
+		return a.size < b.size
+	}
+	return a.ptr < b.ptr
+}
+
+// stateKey names a (stream, pool).
+type stateKey struct {
+	stream vmm.Stream
+	pool   Pool
+}
+
+// state holds the segments and free blocks of one (stream, pool).
+type state struct {
+	key   stateKey
+	segs  []*Seg
+	exact map[uint64]*exactList // freed blocks not yet coalesced, by size
+	// exactN counts the blocks in exact lists.
+	exactN int
+	free   *btree.BTreeG[*block] // coalesced free blocks by (size, ptr)
+	pivot  block
+	// freeBytes is the size of all free blocks (both structures).
+	freeBytes uint64
+}
+
+// exactList is a list of free blocks of one size, through nextExact.
+type exactList struct{ head *block }
+
+// maxSizes bounds the sizes with an exact-size list; flush forgets them
+// beyond it.
+const maxSizes = 1024
+
+// maxExact bounds the blocks a state keeps in exact-size lists; beyond it
+// a freed block is coalesced at once.
+const maxExact = 4096
+
+func newState(k stateKey, fl *btree.FreeListG[*block]) *state {
+	return &state{
+		key:   k,
+		exact: make(map[uint64]*exactList),
+		free:  btree.NewWithFreeListG(32, lessBySize, fl),
+	}
+}
+
+// popExact takes a block of exactly size bytes from the exact lists.
+func (s *state) popExact(size uint64) *block {
+	l := s.exact[size]
+	if l == nil || l.head == nil || !isolated(l.head) {
+		return nil
+	}
+	b := l.head
+	l.head = b.nextExact
+	b.nextExact, b.inExact = nil, false
+	s.exactN--
+	s.freeBytes -= b.size
+	return b
+}
+
+// isolated reports whether no free block or hole lies next to b: eager
+// coalescing would have left b as it is, so handing it out is what best
+// fit over coalesced blocks would do too.
+func isolated(b *block) bool {
+	return (b.prev == nil || b.prev.state != stFree) &&
+		(b.next == nil || (b.next.state != stFree && b.next.state != stUnmapped))
+}
+
+// pushExact parks a free block in its exact-size list.
+func (s *state) pushExact(b *block) {
+	l := s.exact[b.size]
+	if l == nil {
+		l = &exactList{}
+		s.exact[b.size] = l
+	}
+	b.nextExact = l.head
+	b.inExact = true
+	l.head = b
+	s.exactN++
+	s.freeBytes += b.size
+}
+
+// bestFit takes the smallest coalesced free block of at least size bytes,
+// judging a block followed by unmapped pages by the size it could grow to:
+// a free block before a hole is kept for growth while a bounded block fits.
+func (s *state) bestFit(size uint64) *block {
+	s.pivot.size, s.pivot.ptr = size, 0
+	var found *block
+	s.free.AscendGreaterOrEqual(&s.pivot, func(b *block) bool {
+		if found != nil && growable(b) >= growable(found) {
+			return false
+		}
+		found = b
+		return b.next != nil && b.next.state == stUnmapped
+	})
+	if found != nil {
+		s.removeFree(found)
+	}
+	return found
+}
+
+// growable is the size block b could reach by mapping the hole after it.
+func growable(b *block) uint64 {
+	if n := b.next; n != nil && n.state == stUnmapped {
+		return b.size + n.size
+	}
+	return b.size
+}
+
+func (s *state) insertFree(b *block) {
+	s.free.ReplaceOrInsert(b)
+	s.freeBytes += b.size
+}
+
+func (s *state) removeFree(b *block) {
+	s.free.Delete(b)
+	s.freeBytes -= b.size
+}

@@ -1,0 +1,148 @@
+package core
+
+import "fmt"
+
+// checkLocked verifies the Heap's books and panics on the first violation:
+// blocks tile each segment in address order without overlap, holes are
+// whole pages and listed, every free block is in exactly one free
+// structure, the ptr map holds exactly the blocks that are not holes, and
+// the byte and count statistics equal the sums over the blocks. Tests run it
+// after every operation with the build tag invariants; it costs a walk of
+// every block.
+func (h *Heap) checkLocked() {
+	if err := h.verifyLocked(); err != nil {
+		panic("xseg core invariant: " + err.Error())
+	}
+}
+
+type tally struct {
+	alloc, active, requested, allocs, actives [2]int64
+	blocks                                    int
+}
+
+func (h *Heap) verifyLocked() error {
+	var t tally
+	var mapped [2]uint64
+	for _, st := range h.mu.states {
+		if err := h.verifyState(st, &t); err != nil {
+			return err
+		}
+		for _, seg := range st.segs {
+			mapped[seg.Pool] += seg.mapped
+		}
+	}
+	if t.blocks != len(h.mu.blocks) {
+		return fmt.Errorf("ptr map holds %d blocks, segments %d", len(h.mu.blocks), t.blocks)
+	}
+	if mapped != h.mu.mapped {
+		return fmt.Errorf("mapped bytes %v, segments say %v", h.mu.mapped, mapped)
+	}
+	s := &h.mu.stats
+	for p := Small; p <= Large; p++ {
+		got := [5]int64{pick(&s.AllocatedBytes, p), pick(&s.ActiveBytes, p), pick(&s.RequestedBytes, p), pick(&s.Allocations, p), pick(&s.ActiveBlocks, p)}
+		want := [5]int64{t.alloc[p], t.active[p], t.requested[p], t.allocs[p], t.actives[p]}
+		if got != want {
+			return fmt.Errorf("%s pool stats (allocated, active, requested bytes; allocations, active blocks) %v, blocks say %v", p, got, want)
+		}
+		if r := pick(&s.ReservedBytes, p); r != int64(h.mu.mapped[p]+h.back.CachedBytes(p)) {
+			return fmt.Errorf("%s pool reserved %d, mapped %d + cached %d", p, r, h.mu.mapped[p], h.back.CachedBytes(p))
+		}
+	}
+	return nil
+}
+
+func pick(s *PoolStat, p Pool) int64 {
+	if p == Small {
+		return s.Small.Current
+	}
+	return s.Large.Current
+}
+
+func (h *Heap) verifyState(st *state, t *tally) error {
+	exact := 0
+	var freeBytes uint64
+	for size, l := range st.exact {
+		for b := l.head; b != nil; b = b.nextExact {
+			if !b.inExact || b.state != stFree || b.size != size || b.seg.st != st {
+				return fmt.Errorf("block %v+%d in the exact list of size %d is not a free block of its state", b.ptr, b.size, size)
+			}
+			exact++
+			freeBytes += b.size
+		}
+	}
+	if exact != st.exactN {
+		return fmt.Errorf("exact lists hold %d blocks, count says %d", exact, st.exactN)
+	}
+	inTree := 0
+	st.free.Ascend(func(b *block) bool {
+		inTree++
+		freeBytes += b.size
+		return true
+	})
+	if freeBytes != st.freeBytes {
+		return fmt.Errorf("free structures hold %d bytes, count says %d", freeBytes, st.freeBytes)
+	}
+	seen := 0
+	for _, seg := range st.segs {
+		n, err := h.verifySeg(seg, t)
+		if err != nil {
+			return fmt.Errorf("segment %v+%d: %w", seg.Base, seg.Size, err)
+		}
+		seen += n
+	}
+	if seen != exact+inTree {
+		return fmt.Errorf("segments hold %d free blocks, free structures %d", seen, exact+inTree)
+	}
+	return nil
+}
+
+// verifySeg checks the tiling of seg and returns its free block count.
+func (h *Heap) verifySeg(seg *Seg, t *tally) (int, error) {
+	at, free, holes := seg.Base, 0, 0
+	var mapped uint64
+	var prev *block
+	for b := seg.first; b != nil; prev, b = b, b.next {
+		switch {
+		case b.ptr != at || b.size == 0:
+			return 0, fmt.Errorf("block %v+%d where %v was expected", b.ptr, b.size, at)
+		case b.prev != prev || b.seg != seg:
+			return 0, fmt.Errorf("block %v: bad links", b.ptr)
+		case b.size%MinBlock != 0:
+			return 0, fmt.Errorf("block %v: size %d not a multiple of %d", b.ptr, b.size, MinBlock)
+		}
+		at = b.end()
+		if b.state == stUnmapped {
+			if seg.holes[holes] != b || uint64(b.ptr-seg.Base)%seg.PageSize != 0 || b.size%seg.PageSize != 0 {
+				return 0, fmt.Errorf("hole %v+%d not listed or not whole pages", b.ptr, b.size)
+			}
+			holes++
+			continue
+		}
+		mapped += b.size
+		t.blocks++
+		if h.mu.blocks[b.ptr] != b {
+			return 0, fmt.Errorf("block %v not in the ptr map", b.ptr)
+		}
+		h.tallyBlock(b, t, &free)
+	}
+	if at != seg.End() || holes != len(seg.holes) || mapped != seg.mapped {
+		return 0, fmt.Errorf("blocks end at %v, %d holes of %d listed, %d bytes mapped, %d counted", at, holes, len(seg.holes), mapped, seg.mapped)
+	}
+	return free, nil
+}
+
+func (h *Heap) tallyBlock(b *block, t *tally, free *int) {
+	p := b.seg.Pool
+	switch b.state {
+	case stFree:
+		*free++
+	case stAllocated:
+		t.alloc[p] += int64(b.size)
+		t.requested[p] += int64(b.requested)
+		t.allocs[p]++
+		fallthrough
+	case stPending:
+		t.active[p] += int64(b.size)
+		t.actives[p]++
+	}
+}

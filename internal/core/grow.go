@@ -1,0 +1,209 @@
+package core
+
+import (
+	"fmt"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// findLocked finds room for rs bytes in st without the OOM policy: best
+// fit among the coalesced free blocks, then new pages.
+func (h *Heap) findLocked(st *state, rs uint64) (*block, error) {
+	h.flush(st)
+	if b := st.bestFit(rs); b != nil {
+		return b, nil
+	}
+	return h.growLocked(st, rs)
+}
+
+// growLocked maps new pages for rs bytes: at the lowest hole of st's
+// segments that, with the free blocks around it, fits, or in a new segment.
+func (h *Heap) growLocked(st *state, rs uint64) (*block, error) {
+	hole := findHole(st, rs)
+	if hole == nil {
+		seg, err := h.newSegmentLocked(st, rs)
+		if err != nil {
+			return nil, err
+		}
+		if seg.StartsMapped {
+			b := seg.first
+			st.removeFree(b)
+			return b, nil
+		}
+		hole = seg.first
+	}
+	if h.stealLocked(hole, rs) {
+		if hole = findHole(st, rs); hole == nil {
+			panic("core: the hole to grow into vanished")
+		}
+	}
+	return h.mapIntoLocked(hole, rs)
+}
+
+// stealLocked unmaps whole free pages of hole's (stream, pool) elsewhere,
+// into the Backing's page cache, so that growing into hole for rs bytes reuses them
+// instead of making new ones: a free page in the middle of a segment is
+// worth nothing while the segment grows at its end. It reports whether
+// it unmapped anything.
+func (h *Heap) stealLocked(hole *block, rs uint64) bool {
+	seg := hole.seg
+	_, size := h.growSpan(hole, rs)
+	room := h.cfg.PageCacheBytes - min(h.cfg.PageCacheBytes, h.back.CachedBytes(seg.Pool))
+	budget := min(size, room) / seg.PageSize * seg.PageSize
+	if budget == 0 {
+		return false
+	}
+	skip := []*block{hole.prev, hole.next}
+	var got uint64
+	for _, s := range seg.st.segs {
+		n, err := h.unmapFreeLocked(s, budget-got, skip)
+		if got += n; err != nil {
+			h.log.Warn("xseg: unmapping free pages for reuse", "err", err)
+			return got > 0
+		}
+		if got >= budget {
+			return true
+		}
+	}
+	return got > 0
+}
+
+// growSpan returns where the new pages for a block of rs bytes growing
+// into hole start and how many bytes they take.
+func (h *Heap) growSpan(hole *block, rs uint64) (vmm.DevicePtr, uint64) {
+	seg := hole.seg
+	start := hole.ptr
+	if hole.prev.isFreeIn() {
+		start = hole.prev.ptr
+	}
+	end := start.Add(rs)
+	if end <= hole.ptr {
+		end = hole.ptr.Add(1)
+	}
+	off := roundUp(uint64(end-seg.Base), seg.PageSize)
+	return hole.ptr, min(uint64(seg.Base)+off-uint64(hole.ptr), hole.size)
+}
+
+func findHole(st *state, rs uint64) *block {
+	for _, seg := range st.segs {
+		for _, hole := range seg.holes {
+			c := hole.size
+			if hole.prev.isFreeIn() {
+				c += hole.prev.size
+			}
+			if hole.next.isFreeIn() {
+				c += hole.next.size
+			}
+			if c >= rs {
+				return hole
+			}
+		}
+	}
+	return nil
+}
+
+// mapIntoLocked maps the pages of hole that a block of rs bytes starting
+// at the free block before the hole (or at the hole) needs, and returns
+// that free block, merged, in no free structure.
+func (h *Heap) mapIntoLocked(hole *block, rs uint64) (*block, error) {
+	seg := hole.seg
+	_, size := h.growSpan(hole, rs)
+	if err := h.back.Map(seg, hole.ptr, size, &h.mu.stats); err != nil {
+		h.syncReservedLocked() // the pages it took went back to the cache
+		return nil, fmt.Errorf("mapping %d bytes at %v: %w", size, hole.ptr, err)
+	}
+	h.addMappedLocked(seg, int64(size))
+	if size < hole.size {
+		h.splitAt(hole, size)
+		seg.holes[holeIndex(seg, hole)] = hole.next
+	} else {
+		h.removeHole(hole)
+	}
+	hole.state = stFree
+	h.mu.blocks[hole.ptr] = hole
+	b := h.coalesce(hole)
+	b.seg.st.removeFree(b)
+	return b, nil
+}
+
+func holeIndex(seg *Seg, hole *block) int {
+	for i, x := range seg.holes {
+		if x == hole {
+			return i
+		}
+	}
+	panic("core: hole not in its segment's list")
+}
+
+func roundUp(n, unit uint64) uint64 { return (n + unit - 1) / unit * unit }
+
+// addMappedLocked counts n more bytes mapped in seg (negative: unmapped)
+// and brings the reserved-bytes statistics up to date.
+func (h *Heap) addMappedLocked(seg *Seg, n int64) {
+	seg.mapped = uint64(int64(seg.mapped) + n)
+	h.mu.mapped[seg.Pool] = uint64(int64(h.mu.mapped[seg.Pool]) + n)
+	h.syncReservedLocked()
+}
+
+// syncReservedLocked sets ReservedBytes to the mapped bytes plus the pages
+// the Backing caches, per pool.
+func (h *Heap) syncReservedLocked() {
+	for p := Small; p <= Large; p++ {
+		want := int64(h.mu.mapped[p] + h.back.CachedBytes(p))
+		var cur int64
+		if p == Small {
+			cur = h.mu.stats.ReservedBytes.Small.Current
+		} else {
+			cur = h.mu.stats.ReservedBytes.Large.Current
+		}
+		if want != cur {
+			h.mu.stats.ReservedBytes.Add(p, want-cur)
+		}
+	}
+}
+
+// newSegmentLocked asks the Backing for a segment of st that holds at
+// least rs bytes.
+func (h *Heap) newSegmentLocked(st *state, rs uint64) (*Seg, error) {
+	seg := &Seg{Stream: st.key.stream, Pool: st.key.pool, st: st}
+	if err := h.back.NewSegment(seg, rs, &h.mu.stats); err != nil {
+		return nil, fmt.Errorf("making a %s segment for %d bytes on stream %#x: %w", st.key.pool, rs, uintptr(st.key.stream), err)
+	}
+	b := h.newBlock()
+	b.ptr, b.size, b.seg = seg.Base, seg.Size, seg
+	seg.first = b
+	if seg.StartsMapped {
+		b.state = stFree
+		h.mu.blocks[b.ptr] = b
+		st.insertFree(b)
+		h.addMappedLocked(seg, int64(seg.Size))
+	} else {
+		b.state = stUnmapped
+		seg.holes = append(seg.holes, b)
+	}
+	st.segs = append(st.segs, seg)
+	h.mu.stats.Segments.Add(st.key.pool, 1)
+	return seg, nil
+}
+
+// mappedRuns calls f for each run of mapped pages of seg, in address order.
+func mappedRuns(seg *Seg, f func(ptr vmm.DevicePtr, size uint64)) {
+	var start vmm.DevicePtr
+	var run uint64
+	for b := seg.first; b != nil; b = b.next {
+		if b.state == stUnmapped {
+			if run > 0 {
+				f(start, run)
+			}
+			run = 0
+			continue
+		}
+		if run == 0 {
+			start = b.ptr
+		}
+		run += b.size
+	}
+	if run > 0 {
+		f(start, run)
+	}
+}

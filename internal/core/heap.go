@@ -1,0 +1,255 @@
+package core
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/google/btree"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// Heap is the block core of one device: it hands out blocks from the
+// segments a Backing supplies, keeps freed blocks for reuse per (stream,
+// pool), follows the OOM policy and keeps the statistics. Its methods are
+// those of the root package's Allocator interface, which the allocators
+// built on it expose.
+//
+// A Heap is safe for concurrent use by multiple goroutines: one mutex
+// guards it and is held for the length of a call, except while the OOM
+// policy sleeps or waits for frees.
+type Heap struct {
+	drv   vmm.Driver
+	dev   vmm.Device
+	back  Backing
+	cfg   Config
+	limit uint64 // no request above this can ever succeed
+	log   *slog.Logger
+
+	mu struct {
+		sync.Mutex
+		closed  bool
+		states  map[stateKey]*state
+		def     [2]*state // the states of stream 0, by pool
+		blocks  map[vmm.DevicePtr]*block
+		spare   *block // recycled block structs, through next
+		nodes   *btree.FreeListG[*block]
+		stats   Stats
+		mapped  [2]uint64 // bytes mapped, by pool
+		pending []pendingEvent
+		events  []vmm.Event // recorded and completed, for reuse
+		freed   chan struct{}
+	}
+}
+
+// NewHeap makes a Heap that allocates on device dev of d from segments b
+// supplies. limit is the device's total memory: a request above it fails at
+// once. log may be nil.
+func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, log *slog.Logger) (*Heap, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", err, vmm.ErrInvalid)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	h := &Heap{drv: d, dev: dev, back: b, cfg: cfg, limit: limit, log: log}
+	h.mu.states = make(map[stateKey]*state)
+	h.mu.blocks = make(map[vmm.DevicePtr]*block)
+	h.mu.nodes = btree.NewFreeListG[*block](1024)
+	for p := Small; p <= Large; p++ {
+		h.mu.def[p] = h.stateLocked(0, p)
+	}
+	return h, nil
+}
+
+// Config returns the configuration the Heap runs with.
+func (h *Heap) Config() Config { return h.cfg }
+
+// PoolOf returns the pool of a request of size bytes (rounded).
+func (h *Heap) PoolOf(size uint64) Pool {
+	if size <= h.cfg.SmallLimit {
+		return Small
+	}
+	return Large
+}
+
+func (h *Heap) stateLocked(s vmm.Stream, p Pool) *state {
+	if s == 0 && h.mu.def[p] != nil {
+		return h.mu.def[p]
+	}
+	k := stateKey{s, p}
+	st := h.mu.states[k]
+	if st == nil {
+		st = newState(k, h.mu.nodes)
+		h.mu.states[k] = st
+	}
+	return st
+}
+
+func (h *Heap) newBlock() *block {
+	b := h.mu.spare
+	if b == nil {
+		return &block{}
+	}
+	h.mu.spare = b.next
+	b.next = nil
+	return b
+}
+
+func (h *Heap) recycle(b *block) {
+	uses := b.uses[:0]
+	*b = block{uses: uses, next: h.mu.spare}
+	h.mu.spare = b
+}
+
+// Alloc returns a block of at least size bytes for use on stream s.
+func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
+	return h.alloc(size, s, true)
+}
+
+func (h *Heap) alloc(size uint64, s vmm.Stream, final bool) (vmm.DevicePtr, error) {
+	if size == 0 {
+		return 0, fmt.Errorf("allocating 0 bytes: %w", vmm.ErrInvalid)
+	}
+	rs := RoundSize(size)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.mu.closed {
+		return 0, fmt.Errorf("allocating %d bytes: %w", size, vmm.ErrClosed)
+	}
+	if size > h.limit || rs < size {
+		return 0, h.tooLargeLocked(size, final)
+	}
+	if len(h.mu.pending) > 0 {
+		h.pollLocked()
+	}
+	st := h.stateLocked(s, h.PoolOf(rs))
+	b := st.popExact(rs)
+	if b == nil {
+		var err error
+		if b, err = h.allocSlowLocked(st, rs, size, final); err != nil {
+			return 0, err
+		}
+	}
+	h.handOutLocked(b, rs, size)
+	if invariantsOn {
+		h.checkLocked()
+	}
+	return b.ptr, nil
+}
+
+// handOutLocked makes free block b (in no free structure) an allocated
+// block of rs bytes, splitting off the rest.
+func (h *Heap) handOutLocked(b *block, rs, req uint64) {
+	b.state = stAllocated
+	b.requested = req
+	if b.size-rs >= MinBlock {
+		r := h.splitAt(b, rs)
+		h.coalesce(r)
+	}
+	p := b.seg.Pool
+	st := &h.mu.stats
+	st.AllocatedBytes.Add(p, int64(b.size))
+	st.RequestedBytes.Add(p, int64(req))
+	st.ActiveBytes.Add(p, int64(b.size))
+	st.Allocations.Add(p, 1)
+	st.ActiveBlocks.Add(p, 1)
+}
+
+// Free gives a block back. A block used on other streams (RecordStream)
+// is reused only once the work queued on them by now has finished.
+func (h *Heap) Free(ptr vmm.DevicePtr) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.mu.closed {
+		return fmt.Errorf("freeing %v: %w", ptr, vmm.ErrClosed)
+	}
+	b := h.mu.blocks[ptr]
+	if b == nil || b.state != stAllocated {
+		return h.badFreeLocked(ptr, b)
+	}
+	if len(b.uses) > 0 {
+		if err := h.parkLocked(b); err != nil {
+			return err
+		}
+	}
+	p := b.seg.Pool
+	st := &h.mu.stats
+	st.AllocatedBytes.Add(p, -int64(b.size))
+	st.RequestedBytes.Add(p, -int64(b.requested))
+	st.Allocations.Add(p, -1)
+	b.requested = 0
+	if b.state == stAllocated {
+		h.deactivateLocked(b)
+	}
+	if h.cfg.ReleaseThreshold > 0 {
+		h.trimLocked()
+	}
+	if invariantsOn {
+		h.checkLocked()
+	}
+	return nil
+}
+
+func (h *Heap) badFreeLocked(ptr vmm.DevicePtr, b *block) error {
+	if b == nil {
+		return fmt.Errorf("freeing %v: not the start of a block of this allocator: %w", ptr, vmm.ErrInvalid)
+	}
+	return fmt.Errorf("freeing %v: block is not allocated (double free?): %w", ptr, vmm.ErrInvalid)
+}
+
+// deactivateLocked makes an allocated or pending block free.
+func (h *Heap) deactivateLocked(b *block) {
+	p := b.seg.Pool
+	h.mu.stats.ActiveBytes.Add(p, -int64(b.size))
+	h.mu.stats.ActiveBlocks.Add(p, -1)
+	b.state = stFree
+	st := b.seg.st
+	if st.exactN < maxExact {
+		st.pushExact(b)
+	} else {
+		h.coalesce(b)
+	}
+	if h.mu.freed != nil {
+		close(h.mu.freed)
+		h.mu.freed = nil
+	}
+}
+
+// RecordStream marks the block at ptr as used on stream s too.
+func (h *Heap) RecordStream(ptr vmm.DevicePtr, s vmm.Stream) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.mu.closed {
+		return fmt.Errorf("recording stream for %v: %w", ptr, vmm.ErrClosed)
+	}
+	b := h.mu.blocks[ptr]
+	if b == nil || b.state != stAllocated {
+		return fmt.Errorf("recording stream %#x for %v: not an allocated block: %w", uintptr(s), ptr, vmm.ErrInvalid)
+	}
+	if s == b.seg.Stream {
+		return nil
+	}
+	for _, u := range b.uses {
+		if u == s {
+			return nil
+		}
+	}
+	b.uses = append(b.uses, s)
+	return nil
+}
+
+// Stats returns the current statistics.
+func (h *Heap) Stats() Stats {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.mu.stats
+}
+
+// ResetPeakStats makes every peak the current value.
+func (h *Heap) ResetPeakStats() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.mu.stats.ResetPeaks()
+}

@@ -1,0 +1,173 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// allocSlowLocked finds room for rs bytes when the exact-size lists have
+// none, following the OOM policy:
+//
+//  1. best fit among the cached free blocks of the stream;
+//  2. new pages (the Backing reuses cached physical pages first);
+//  3. on OOM: wait for this stream's pending frees, unmap every whole free
+//     page of every segment, release the page cache, retry;
+//  4. (final attempts only) wait up to OOMWait for frees by other
+//     goroutines, then retry OOMMaxRetries times with exponential backoff
+//     from OOMDelay;
+//  5. fail with an error matching vmm.ErrOutOfMemory.
+//
+// It releases the lock while it waits or sleeps.
+func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, error) {
+	b, err := h.findLocked(st, rs)
+	if !errors.Is(err, vmm.ErrOutOfMemory) {
+		return b, wrapAlloc(req, err)
+	}
+	h.mu.stats.NumAllocRetries++
+	h.logOOM("xseg: out of memory, emptying the cache and retrying", req, err)
+	werr := h.waitPendingLocked(func(b *block) bool { return b.seg.Stream == st.key.stream })
+	if rerr := errors.Join(werr, h.releaseAllLocked()); rerr != nil {
+		h.log.Warn("xseg: emptying the cache after an OOM", "err", rerr)
+	}
+	retries := 1
+	b, err = h.findLocked(st, rs)
+	if final && errors.Is(err, vmm.ErrOutOfMemory) && h.cfg.OOMWait > 0 {
+		b, err = h.waitForFreesLocked(st, rs, req)
+	}
+	for i := 0; final && errors.Is(err, vmm.ErrOutOfMemory) && i < h.cfg.OOMMaxRetries; i++ {
+		delay := h.cfg.OOMDelay << i
+		h.mu.stats.NumAllocRetries++
+		retries++
+		h.logOOM("xseg: out of memory, retrying after a delay", req, err, "delay", delay, "retry", i+1)
+		h.mu.Unlock()
+		time.Sleep(delay)
+		h.mu.Lock()
+		if h.mu.closed {
+			return nil, fmt.Errorf("allocating %d bytes: %w", req, vmm.ErrClosed)
+		}
+		h.pollLocked()
+		if rerr := h.releaseAllLocked(); rerr != nil {
+			h.log.Warn("xseg: emptying the cache after an OOM", "err", rerr)
+		}
+		b, err = h.findLocked(st, rs)
+	}
+	if errors.Is(err, vmm.ErrOutOfMemory) {
+		return nil, h.oomLocked(st.key.stream, req, retries, final, err)
+	}
+	return b, wrapAlloc(req, err)
+}
+
+func wrapAlloc(req uint64, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("allocating %d bytes: %w", req, err)
+}
+
+// waitForFreesLocked waits up to OOMWait for blocks freed by other
+// goroutines, retrying after each.
+func (h *Heap) waitForFreesLocked(st *state, rs, req uint64) (*block, error) {
+	timer := time.NewTimer(h.cfg.OOMWait)
+	defer timer.Stop()
+	h.logOOM("xseg: out of memory, waiting for frees", req, nil, "wait", h.cfg.OOMWait)
+	for {
+		if h.mu.freed == nil {
+			h.mu.freed = make(chan struct{})
+		}
+		ch := h.mu.freed
+		h.mu.Unlock()
+		timedOut := false
+		select {
+		case <-ch:
+		case <-timer.C:
+			timedOut = true
+		}
+		h.mu.Lock()
+		if h.mu.closed {
+			return nil, fmt.Errorf("allocating %d bytes: %w", req, vmm.ErrClosed)
+		}
+		h.pollLocked()
+		b, err := h.findLocked(st, rs)
+		if err == nil || timedOut || !errors.Is(err, vmm.ErrOutOfMemory) {
+			return b, err
+		}
+	}
+}
+
+// oomLocked counts an OOM and builds the error of the OOM policy.
+func (h *Heap) oomLocked(s vmm.Stream, req uint64, retries int, final bool, cause error) error {
+	if !final {
+		return fmt.Errorf("allocating %d bytes: %w", req, cause)
+	}
+	h.mu.stats.NumOOMs++
+	// A failed grow leaves the pages it made in the cache: give them back.
+	if err := h.back.ReleaseCache(&h.mu.stats); err != nil {
+		h.log.Warn("xseg: releasing cached pages after an OOM", "err", err)
+	}
+	h.syncReservedLocked()
+	free, total, merr := h.drv.MemInfo(h.dev)
+	dev := fmt.Sprintf("%d bytes free of %d on device %d", free, total, h.dev)
+	if merr != nil {
+		dev = fmt.Sprintf("free memory of device %d unknown (%v)", h.dev, merr)
+	}
+	st := h.mu.stats
+	err := fmt.Errorf("allocating %d bytes on stream %#x: out of memory after %d retries: %s; this allocator reserves %d bytes and has %d allocated: %w",
+		req, uintptr(s), retries, dev, st.ReservedBytes.All.Current, st.AllocatedBytes.All.Current, cause)
+	level := slog.LevelDebug
+	if h.cfg.OOMVerbose {
+		level = slog.LevelWarn
+	}
+	h.log.Log(context.Background(), level, "xseg: out of memory", "err", err)
+	return err
+}
+
+// tooLargeLocked fails a request no device memory could ever hold.
+func (h *Heap) tooLargeLocked(size uint64, final bool) error {
+	if final {
+		h.mu.stats.NumOOMs++
+	}
+	return fmt.Errorf("allocating %d bytes: more than the device's %d bytes, 0 retries: %w", size, h.limit, vmm.ErrOutOfMemory)
+}
+
+func (h *Heap) logOOM(msg string, req uint64, err error, args ...any) {
+	level := slog.LevelDebug
+	if h.cfg.OOMVerbose {
+		level = slog.LevelInfo
+	}
+	args = append(args, "size", req, "reserved", h.mu.stats.ReservedBytes.All.Current, "allocated", h.mu.stats.AllocatedBytes.All.Current)
+	if err != nil {
+		args = append(args, "err", err)
+	}
+	h.log.Log(context.Background(), level, msg, args...)
+}
+
+// AllocAtMost returns the largest block it can get of at most max and at
+// least min bytes, and its size: it tries max, then shrinks the request by
+// the configured size factor down to min. Only the attempt at min runs the
+// whole OOM policy (waits and retries).
+func (h *Heap) AllocAtMost(max, min uint64, s vmm.Stream) (vmm.DevicePtr, uint64, error) {
+	if min == 0 || min > max {
+		return 0, 0, fmt.Errorf("allocating between %d and %d bytes: %w", min, max, vmm.ErrInvalid)
+	}
+	size := max
+	for {
+		final := size <= min
+		if final {
+			size = min
+		}
+		ptr, err := h.alloc(size, s, final)
+		if err == nil || final || !errors.Is(err, vmm.ErrOutOfMemory) {
+			return ptr, size, err
+		}
+		next := uint64(float64(size) * h.cfg.OOMSizeFactor)
+		if next >= size {
+			next = size - 1
+		}
+		size = next
+	}
+}

@@ -1,0 +1,172 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// EmptyCache waits for the pending frees, unmaps every whole free page,
+// gives back the segments left empty and the cached physical pages, and
+// destroys the allocator's idle events.
+func (h *Heap) EmptyCache() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.mu.closed {
+		return fmt.Errorf("emptying the cache: %w", vmm.ErrClosed)
+	}
+	err := h.waitPendingLocked(allBlocks)
+	err = errors.Join(err, h.releaseAllLocked(), h.destroyEventsLocked())
+	if invariantsOn {
+		h.checkLocked()
+	}
+	if err != nil {
+		return fmt.Errorf("emptying the cache: %w", err)
+	}
+	return nil
+}
+
+// releaseAllLocked unmaps every whole free page of every segment, drops
+// empty segments and releases the page cache.
+func (h *Heap) releaseAllLocked() error {
+	var errs []error
+	for _, st := range h.mu.states {
+		h.flush(st)
+		for _, seg := range slices.Clone(st.segs) {
+			if _, err := h.unmapFreeLocked(seg, math.MaxUint64, nil); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if seg.first.state == stUnmapped && seg.first.next == nil {
+				errs = append(errs, h.dropSegmentLocked(seg))
+			}
+		}
+	}
+	if err := h.back.ReleaseCache(&h.mu.stats); err != nil {
+		errs = append(errs, fmt.Errorf("releasing cached pages: %w", err))
+	}
+	h.syncReservedLocked()
+	return errors.Join(errs...)
+}
+
+// trimLocked unmaps whole free pages while the free bytes in mapped pages
+// exceed the release threshold.
+func (h *Heap) trimLocked() {
+	over := h.freeMappedLocked() - int64(h.cfg.ReleaseThreshold)
+	if over <= 0 {
+		return
+	}
+	for _, st := range h.mu.states {
+		h.flush(st)
+		for _, seg := range st.segs {
+			n, err := h.unmapFreeLocked(seg, uint64(over), nil)
+			if err != nil {
+				h.log.Warn("xseg: unmapping free pages above the release threshold", "err", err)
+				return
+			}
+			if over -= int64(n); over <= 0 {
+				return
+			}
+		}
+	}
+}
+
+func (h *Heap) freeMappedLocked() int64 {
+	return int64(h.mu.mapped[Small]+h.mu.mapped[Large]) - h.mu.stats.ActiveBytes.All.Current
+}
+
+// unmapFreeLocked unmaps the whole pages inside free blocks of seg, up to
+// about budget bytes, after waiting for the work queued on the segment's
+// stream and for the pending blocks of the segment. It leaves the free
+// blocks in skip alone. The exact-size lists of the segment's state must
+// have been flushed.
+func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, skip []*block) (uint64, error) {
+	if !hasWholePage(seg, skip) {
+		return 0, nil
+	}
+	h.mu.stats.Syncs++
+	if err := h.drv.StreamSynchronize(seg.Stream); err != nil {
+		return 0, fmt.Errorf("synchronizing stream %#x before unmapping: %w", uintptr(seg.Stream), err)
+	}
+	if err := h.waitPendingLocked(func(b *block) bool { return b.seg == seg }); err != nil {
+		return 0, err
+	}
+	h.flush(seg.st)
+	var done uint64
+	for b := seg.first; b != nil && done < budget; {
+		lo, hi := wholePages(seg, b)
+		if !b.isFreeIn() || hi <= lo || slices.Contains(skip, b) {
+			b = b.next
+			continue
+		}
+		n, next, err := h.unmapSpanLocked(b, lo, hi)
+		done += n
+		if err != nil {
+			return done, err
+		}
+		b = next
+	}
+	return done, nil
+}
+
+func hasWholePage(seg *Seg, skip []*block) bool {
+	for b := seg.first; b != nil; b = b.next {
+		if lo, hi := wholePages(seg, b); b.isFreeIn() && hi > lo && !slices.Contains(skip, b) {
+			return true
+		}
+	}
+	return false
+}
+
+// wholePages returns the whole pages inside b.
+func wholePages(seg *Seg, b *block) (lo, hi vmm.DevicePtr) {
+	lo = seg.Base.Add(roundUp(uint64(b.ptr-seg.Base), seg.PageSize))
+	hi = seg.Base.Add(uint64(b.end()-seg.Base) / seg.PageSize * seg.PageSize)
+	return lo, hi
+}
+
+// unmapSpanLocked unmaps [lo, hi), whole pages inside free block b, and
+// turns what was unmapped into a hole. It returns the block after the
+// hole, where a walk of the segment goes on.
+func (h *Heap) unmapSpanLocked(b *block, lo, hi vmm.DevicePtr) (uint64, *block, error) {
+	seg := b.seg
+	seg.st.removeFree(b)
+	n, err := h.back.Unmap(seg, lo, uint64(hi-lo), &h.mu.stats)
+	next := b.next
+	if n == 0 {
+		seg.st.insertFree(b)
+		h.syncReservedLocked()
+	} else {
+		h.addMappedLocked(seg, -int64(n))
+		if lo > b.ptr {
+			m := h.splitAt(b, uint64(lo-b.ptr))
+			seg.st.insertFree(b)
+			b = m
+		}
+		if end := lo.Add(n); end < b.end() {
+			t := h.splitAt(b, uint64(end-b.ptr))
+			seg.st.insertFree(t)
+		}
+		next = h.addHole(b).next
+	}
+	if err != nil {
+		return n, next, fmt.Errorf("unmapping %d bytes at %v: %w", hi-lo, lo, err)
+	}
+	return n, next, nil
+}
+
+// dropSegmentLocked gives back seg, in which nothing is mapped.
+func (h *Heap) dropSegmentLocked(seg *Seg) error {
+	if err := h.back.DropSegment(seg, &h.mu.stats); err != nil {
+		return fmt.Errorf("giving back segment %v+%d: %w", seg.Base, seg.Size, err)
+	}
+	st := seg.st
+	st.segs = slices.DeleteFunc(st.segs, func(s *Seg) bool { return s == seg })
+	h.recycle(seg.first)
+	seg.first, seg.holes = nil, nil
+	h.mu.stats.Segments.Add(seg.Pool, -1)
+	return nil
+}

@@ -1,0 +1,87 @@
+package ipc
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/xseg-dev/xseg/handles"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// Pin is the pages behind a block, held for sharing.
+type Pin struct {
+	// Device holds the pages.
+	Device vmm.Device
+	// PageSize is the size of every page.
+	PageSize uint64
+	// Pages are the physical pages the block touches, in address order.
+	Pages []vmm.Handle
+	// Offset and Length place the block inside the pages.
+	Offset, Length uint64
+	// Unpin lets the allocator reuse the pages again. It is called once.
+	Unpin func() error
+}
+
+// BlockSource is what an allocator implements so that its blocks can be
+// shared (the expandable allocator is meant to).
+type BlockSource interface {
+	// PinBlock returns the pages behind the live block at ptr, rounded out
+	// to whole pages, and keeps them from being reused, unmapped or
+	// released until the Pin's Unpin is called, even if the block is freed
+	// in between.
+	PinBlock(ptr vmm.DevicePtr) (Pin, error)
+}
+
+// ShareBlock shares the live block at ptr of an allocator that implements
+// BlockSource over drv. It exports the pages as fabric handles when the
+// device can and every page allows it, and quietly falls back to posix fds
+// otherwise. The share unpins the pages when it closes.
+func (e *Exporter) ShareBlock(drv vmm.Driver, src BlockSource, ptr vmm.DevicePtr) (*Share, error) {
+	pin, err := src.PinBlock(ptr)
+	if err != nil {
+		return nil, fmt.Errorf("pinning block %v: %w", ptr, err)
+	}
+	info, err := drv.DeviceInfo(pin.Device)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("sharing block %v: %w", ptr, err), unpin(pin))
+	}
+	ext := Extent{DeviceUUID: info.UUID, PageSize: pin.PageSize, Offset: pin.Offset, Length: pin.Length}
+	if info.Fabric {
+		if fabs, ok := exportFabric(drv, pin.Pages); ok {
+			return e.ShareFabric(fabs, ext, pin.Unpin)
+		}
+	}
+	fds := make([]*handles.FD, 0, len(pin.Pages))
+	for i, h := range pin.Pages {
+		raw, err := drv.ExportFD(h)
+		var fd *handles.FD
+		if err == nil {
+			fd, err = handles.NewFD(raw)
+		}
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("exporting page %d of block %v: %w", i, ptr, err), handles.CloseAll(fds), unpin(pin))
+		}
+		fds = append(fds, fd)
+	}
+	return e.ShareFDs(fds, ext, pin.Unpin)
+}
+
+// exportFabric exports every page as a fabric handle, or reports false.
+func exportFabric(drv vmm.Driver, pages []vmm.Handle) ([]handles.Fabric, bool) {
+	fabs := make([]handles.Fabric, len(pages))
+	for i, h := range pages {
+		fh, err := drv.ExportFabric(h)
+		if err != nil {
+			return nil, false
+		}
+		fabs[i] = handles.FabricOf(fh)
+	}
+	return fabs, true
+}
+
+func unpin(p Pin) error {
+	if p.Unpin == nil {
+		return nil
+	}
+	return p.Unpin()
+}

@@ -1,0 +1,51 @@
+// Package ipc moves shared pages between processes: an exporter shares a
+// range of physical pages and hands out a descriptor (package handles); an
+// importer fetches the pages named by the descriptor into its own process.
+//
+// # Exporter
+//
+// An [Exporter] owns the shares of one process and, unless disabled, serves
+// a Unix socket (SOCK_SEQPACKET, an abstract name by default). A [Share] is
+// made from page fds ([Exporter.ShareFDs]), fabric handles
+// ([Exporter.ShareFabric]) or a live block of an allocator that implements
+// [BlockSource] ([Exporter.ShareBlock]: the allocator pins the pages behind
+// the block so they are not reused, unmapped or released while shared; the
+// share unpins them when it closes). The share keeps its fds open at the
+// numbers its descriptor names until [Share.Close]. The caller sends the
+// descriptor bytes ([Share.MarshalBinary]) any way it likes.
+//
+// # Transports
+//
+// [Fetch] tries transports in order, by default pidfd then socket (fabric
+// for a fabric descriptor), and returns the first success; when all fail,
+// its error names each transport tried and its cause:
+//
+//   - [TransportPidfd]: pidfd_open(exporter pid) + pidfd_getfd(fd number).
+//     Needs ptrace rights over the exporter; in a container without
+//     CAP_SYS_PTRACE, or under another uid, it fails with EPERM.
+//     [ProbePidfdGetfd] says whether the call exists at all here.
+//   - [TransportSocket]: the importer connects to the descriptor's endpoint,
+//     checks that the exporter's pid serves it, and sends the token. The
+//     exporter checks the importer's SO_PEERCRED against its [Policy]
+//     (same uid, or an allowed list), compares the token in constant time,
+//     and passes the fds with SCM_RIGHTS in batches of at most 253. A
+//     refused peer gets a reply saying why ([ErrRefused]); the exporter
+//     keeps serving others.
+//   - [TransportFabric]: the descriptor's bytes are the handles; the
+//     importer gives them to vmm.Driver.ImportFabric.
+//
+// A fetched fd keeps its page alive in the importer after the exporter
+// exits or closes the share.
+//
+// # Lifetime and concurrency
+//
+// Exporter, Share and Fetch are safe for concurrent use. [Exporter.Close]
+// stops accepting, ends exchanges in flight, closes every share and returns
+// once every goroutine it started has returned. A [Received] belongs to one
+// goroutine; its Close closes the fds it still holds.
+//
+// Not yet here (later, with the allocator): the importer-side mapping
+// (reserve exactly the shared extent, map, reference count per descriptor)
+// and importer leases that keep a share pinned until every importer has
+// let go.
+package ipc

@@ -1,0 +1,112 @@
+package ipc
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/xseg-dev/xseg/handles"
+)
+
+// countFDs counts this process's open descriptors.
+func countFDs() (int, error) {
+	ents, err := os.ReadDir("/proc/self/fd")
+	return len(ents), err
+}
+
+func requireNoFDLeak(t *testing.T) {
+	t.Helper()
+	before, err := countFDs()
+	require.NoError(t, err)
+	goroutines := runtime.NumGoroutine()
+	t.Cleanup(func() {
+		after, err := countFDs()
+		require.NoError(t, err)
+		require.Equal(t, before, after, "fds leaked")
+		deadline := time.Now().Add(2 * time.Second)
+		for runtime.NumGoroutine() > goroutines && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		require.LessOrEqual(t, runtime.NumGoroutine(), goroutines, "goroutines leaked")
+	})
+}
+
+// makePages makes n memfd pages of size bytes.
+func makePages(t *testing.T, n int, size uint64) []*handles.FD {
+	t.Helper()
+	fds := make([]*handles.FD, 0, n)
+	for i := 0; i < n; i++ {
+		raw, err := unix.MemfdCreate(fmt.Sprintf("xseg-page-%d", i), unix.MFD_CLOEXEC)
+		require.NoError(t, err)
+		fd, err := handles.NewFD(raw)
+		require.NoError(t, err)
+		require.NoError(t, unix.Ftruncate(raw, int64(size)))
+		fds = append(fds, fd)
+	}
+	return fds
+}
+
+// mapping is the pages of a descriptor mapped contiguously, as the host
+// backend would: one PROT_NONE reservation, one MAP_FIXED|MAP_SHARED per
+// page.
+type mapping struct {
+	region []byte
+	block  []byte
+}
+
+func mapPages(fds []*handles.FD, pageSize, offset, length uint64) (*mapping, error) {
+	total := pageSize * uint64(len(fds))
+	region, err := unix.Mmap(-1, 0, int(total), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("reserving %d bytes: %w", total, err)
+	}
+	base := unsafe.Pointer(unsafe.SliceData(region))
+	for i, fd := range fds {
+		at := unsafe.Add(base, uint64(i)*pageSize)
+		if _, err := unix.MmapPtr(fd.Int(), 0, at, uintptr(pageSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED); err != nil {
+			_ = unix.Munmap(region)
+			return nil, fmt.Errorf("mapping page %d: %w", i, err)
+		}
+	}
+	return &mapping{region: region, block: region[offset : offset+length]}, nil
+}
+
+func (m *mapping) unmap() error { return unix.Munmap(m.region) }
+
+// tile is the pattern unit: a prime length, so the pattern differs in
+// every page.
+const tile = 4099
+
+func patternTile(seed byte) []byte {
+	b := make([]byte, tile)
+	for i := range b {
+		b[i] = seed*31 + byte(i*7) + byte(i>>8)
+	}
+	return b
+}
+
+func fillPattern(b []byte, seed byte) {
+	p := patternTile(seed)
+	for off := 0; off < len(b); off += tile {
+		copy(b[off:], p)
+	}
+}
+
+// checkPattern returns an error naming the first differing tile.
+func checkPattern(b []byte, seed byte) error {
+	p := patternTile(seed)
+	for off := 0; off < len(b); off += tile {
+		end := min(off+tile, len(b))
+		if !bytes.Equal(b[off:end], p[:end-off]) {
+			return fmt.Errorf("pattern %d differs in bytes [%d, %d)", seed, off, end)
+		}
+	}
+	return nil
+}

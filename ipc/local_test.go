@@ -1,0 +1,214 @@
+package ipc
+
+import (
+	"context"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/xseg-dev/xseg/handles"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// smallShare shares n 4 KiB memfd pages, the whole extent.
+func smallShare(t *testing.T, e *Exporter, n int) *Share {
+	t.Helper()
+	const ps = 4096
+	s, err := e.ShareFDs(makePages(t, n, ps), Extent{PageSize: ps, Length: ps * uint64(n)}, nil)
+	require.NoError(t, err)
+	return s
+}
+
+// requireSameFiles checks that got names the same open files as the share.
+func requireSameFiles(t *testing.T, s *Share, got []*handles.FD) {
+	t.Helper()
+	want := s.Descriptor().PageFDs
+	require.Len(t, got, len(want))
+	for i := range got {
+		var a, b unix.Stat_t
+		require.NoError(t, unix.Fstat(want[i], &a))
+		require.NoError(t, unix.Fstat(got[i].Int(), &b))
+		require.Equal(t, a.Ino, b.Ino, "page %d", i)
+	}
+}
+
+func collectErrors() (func(error), func() []error) {
+	var mu sync.Mutex
+	var errs []error
+	return func(err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			errs = append(errs, err)
+		}, func() []error {
+			mu.Lock()
+			defer mu.Unlock()
+			return append([]error(nil), errs...)
+		}
+}
+
+func TestSocketBatchesManyPages(t *testing.T) {
+	requireNoFDLeak(t)
+	e := newExporter(t, ExporterOptions{})
+	s := smallShare(t, e, 300) // 253 + 47
+	r, err := Fetch(context.Background(), s.Descriptor(), FetchOptions{Transports: []Transport{TransportSocket}})
+	require.NoError(t, err)
+	requireSameFiles(t, s, r.FDs)
+	require.NoError(t, r.Close())
+}
+
+func TestPidfdFromSelf(t *testing.T) {
+	requirePidfd(t)
+	requireNoFDLeak(t)
+	e := newExporter(t, ExporterOptions{NoSocket: true})
+	s := smallShare(t, e, 3)
+	r, err := Fetch(context.Background(), s.Descriptor(), FetchOptions{})
+	require.NoError(t, err)
+	require.Equal(t, TransportPidfd, r.Via)
+	requireSameFiles(t, s, r.FDs)
+	require.NoError(t, r.Close())
+}
+
+func TestWrongTokenRefused(t *testing.T) {
+	requireNoFDLeak(t)
+	onErr, reported := collectErrors()
+	e := newExporter(t, ExporterOptions{OnError: onErr})
+	s := smallShare(t, e, 2)
+	d := s.Descriptor()
+	d.Token[0] ^= 1
+	_, err := Fetch(context.Background(), d, FetchOptions{Transports: []Transport{TransportSocket}})
+	require.ErrorIs(t, err, ErrRefused)
+	require.ErrorContains(t, err, "no live share has this token")
+	require.Len(t, reported(), 1)
+	require.ErrorIs(t, reported()[0], ErrRefused)
+
+	r, err := Fetch(context.Background(), s.Descriptor(), FetchOptions{Transports: []Transport{TransportSocket}})
+	require.NoError(t, err, "the right token still works")
+	require.NoError(t, r.Close())
+
+	require.NoError(t, s.Close())
+	_, err = Fetch(context.Background(), s.Descriptor(), FetchOptions{Transports: []Transport{TransportSocket}})
+	require.ErrorIs(t, err, ErrRefused, "a closed share is not served")
+}
+
+func TestMalformedRequestReported(t *testing.T) {
+	requireNoFDLeak(t)
+	onErr, reported := collectErrors()
+	e := newExporter(t, ExporterOptions{OnError: onErr})
+	s := smallShare(t, e, 1)
+	c, err := net.Dial("unixpacket", e.Endpoint())
+	require.NoError(t, err)
+	_, err = c.Write([]byte("hello"))
+	require.NoError(t, err)
+	buf := make([]byte, 1024)
+	n, err := c.Read(buf)
+	require.NoError(t, err)
+	status, _, msg, err := decodeReply(buf[:n])
+	require.NoError(t, err)
+	require.Equal(t, statusBadRequest, status)
+	require.Equal(t, "malformed request", msg)
+	require.NoError(t, c.Close())
+	require.Eventually(t, func() bool { return len(reported()) == 1 }, 5*time.Second, 10*time.Millisecond)
+
+	r, err := Fetch(context.Background(), s.Descriptor(), FetchOptions{Transports: []Transport{TransportSocket}})
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+}
+
+func TestCloseEndsStalledExchanges(t *testing.T) {
+	requireNoFDLeak(t)
+	e, err := NewExporter(ExporterOptions{Timeout: time.Minute})
+	require.NoError(t, err)
+	s := smallShare(t, e, 2)
+	d := s.Descriptor()
+	var conns []net.Conn
+	for i := 0; i < 3; i++ { // connect and never send
+		c, err := net.Dial("unixpacket", e.Endpoint())
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	require.NoError(t, e.Close())
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.NoError(t, e.Close(), "Close is idempotent")
+	for _, c := range conns {
+		require.NoError(t, c.Close())
+	}
+	for _, fd := range d.PageFDs {
+		_, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+		require.ErrorIs(t, err, unix.EBADF, "Close closes the shares' fds")
+	}
+	_, err = Fetch(context.Background(), d, FetchOptions{Transports: []Transport{TransportSocket}})
+	require.Error(t, err)
+	_, err = e.ShareFDs(makePages(t, 1, 4096), Extent{PageSize: 4096, Length: 4096}, nil)
+	require.ErrorIs(t, err, vmm.ErrClosed)
+}
+
+func TestAllTransportsFailJoined(t *testing.T) {
+	d := &handles.Descriptor{
+		Kind: handles.KindPosixFD, ExporterPID: os.Getpid(), PageSize: 4096, PageCount: 1,
+		Length: 4096, Token: handles.Token{1},
+	}
+	_, err := Fetch(context.Background(), d, FetchOptions{})
+	require.ErrorIs(t, err, vmm.ErrNotSupported)
+	require.ErrorContains(t, err, "pidfd: descriptor carries no fd numbers")
+	require.ErrorContains(t, err, "socket: exporter serves no socket")
+
+	d.Endpoint = "@xseg-nobody-listens-here"
+	d.PageFDs = []int{1 << 20}
+	_, err = Fetch(context.Background(), d, FetchOptions{})
+	require.ErrorIs(t, err, unix.EBADF)
+	require.ErrorIs(t, err, unix.ECONNREFUSED)
+
+	_, err = Fetch(context.Background(), &handles.Descriptor{}, FetchOptions{})
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+}
+
+func TestSocketChecksExporterPID(t *testing.T) {
+	requireNoFDLeak(t)
+	e := newExporter(t, ExporterOptions{})
+	s := smallShare(t, e, 1)
+	d := s.Descriptor()
+	d.ExporterPID = os.Getppid() // someone else claims our socket
+	_, err := Fetch(context.Background(), d, FetchOptions{Transports: []Transport{TransportSocket}})
+	require.ErrorIs(t, err, ErrRefused)
+	require.ErrorContains(t, err, "not the exporter pid")
+}
+
+func TestFabricHook(t *testing.T) {
+	e := newExporter(t, ExporterOptions{})
+	pages := []handles.Fabric{{1, 2}, {3, 4}}
+	released := 0
+	s, err := e.ShareFabric(pages, Extent{PageSize: 4096, Offset: 100, Length: 5000}, func() error { released++; return nil })
+	require.NoError(t, err)
+	b, err := s.MarshalBinary()
+	require.NoError(t, err)
+	d, err := handles.ParseDescriptor(b)
+	require.NoError(t, err)
+	require.Empty(t, d.Endpoint)
+	r, err := Fetch(context.Background(), d, FetchOptions{})
+	require.NoError(t, err)
+	require.Equal(t, TransportFabric, r.Via)
+	require.Equal(t, pages, r.Fabric)
+	require.Empty(t, r.FDs)
+
+	_, err = Fetch(context.Background(), d, FetchOptions{Transports: []Transport{TransportPidfd, TransportSocket}})
+	require.ErrorIs(t, err, vmm.ErrNotSupported)
+	require.NoError(t, s.Close())
+	require.NoError(t, s.Close())
+	require.Equal(t, 1, released)
+}
+
+func TestProbePidfdGetfd(t *testing.T) {
+	err := ProbePidfdGetfd()
+	if err != nil {
+		require.ErrorIs(t, err, vmm.ErrNotSupported, "an unsure answer is an error of its own")
+		return
+	}
+	require.NoError(t, ProbePidfdGetfd(), "a definite answer is cached")
+}

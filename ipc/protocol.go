@@ -1,0 +1,128 @@
+package ipc
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xseg-dev/xseg/handles"
+)
+
+// The socket protocol, version 1, over a SOCK_SEQPACKET Unix socket (so
+// message boundaries hold and fds stay with their message):
+//
+//	importer -> exporter  request: "XSRQ" version(1) token(16)
+//	exporter -> importer  reply:   "XSRS" version(1) status(1) count(u32) n(u16) message(n)
+//	exporter -> importer  count fds in batches of at most maxBatch, each a
+//	                      message "XSRB" index(u32) with the fds as SCM_RIGHTS
+//
+// Integers are little endian. A refusal is a reply with a non-zero status
+// and a message saying why; the exporter then closes the connection.
+const (
+	protoVersion = 1
+	requestSize  = 4 + 1 + 16
+	replyHeader  = 4 + 1 + 1 + 4 + 2
+	batchSize    = 4 + 4
+	maxMessage   = 512
+	// maxBatch is the most fds one message carries: the kernel's
+	// SCM_MAX_FD is 253.
+	maxBatch = 253
+)
+
+// status of a reply.
+const (
+	statusOK byte = iota
+	statusRefused
+	statusUnknownShare
+	statusBadRequest
+)
+
+func encodeRequest(tok handles.Token) []byte {
+	b := append([]byte("XSRQ"), protoVersion)
+	return append(b, tok[:]...)
+}
+
+func decodeRequest(b []byte) (handles.Token, error) {
+	var tok handles.Token
+	if len(b) != requestSize || string(b[:4]) != "XSRQ" || b[4] != protoVersion {
+		return tok, fmt.Errorf("malformed request of %d bytes", len(b))
+	}
+	copy(tok[:], b[5:])
+	return tok, nil
+}
+
+func encodeReply(status byte, count int, msg string) []byte {
+	if len(msg) > maxMessage {
+		msg = msg[:maxMessage]
+	}
+	b := append([]byte("XSRS"), protoVersion, status)
+	b = binary.LittleEndian.AppendUint32(b, uint32(count))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(msg)))
+	return append(b, msg...)
+}
+
+func decodeReply(b []byte) (status byte, count int, msg string, err error) {
+	if len(b) < replyHeader || string(b[:4]) != "XSRS" || b[4] != protoVersion {
+		return 0, 0, "", fmt.Errorf("malformed reply of %d bytes", len(b))
+	}
+	n := int(binary.LittleEndian.Uint16(b[10:]))
+	if len(b) != replyHeader+n || n > maxMessage {
+		return 0, 0, "", fmt.Errorf("malformed reply: message of %d bytes in %d", n, len(b))
+	}
+	return b[5], int(binary.LittleEndian.Uint32(b[6:])), string(b[replyHeader:]), nil
+}
+
+func encodeBatch(index int) []byte {
+	return binary.LittleEndian.AppendUint32([]byte("XSRB"), uint32(index))
+}
+
+// recvMsg reads one message and the fds that came with it. The fds are
+// returned even with an error so the caller can close them; a truncated
+// message or control block is an error.
+func recvMsg(c *net.UnixConn, buf []byte) (int, []int, error) {
+	oob := make([]byte, unix.CmsgSpace(maxBatch*4))
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return 0, nil, err
+	}
+	var fds []int
+	if oobn > 0 {
+		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+		if perr != nil {
+			return n, nil, fmt.Errorf("parsing control messages: %w", perr)
+		}
+		for i := range msgs {
+			got, rerr := unix.ParseUnixRights(&msgs[i])
+			if rerr == nil {
+				fds = append(fds, got...)
+			}
+		}
+	}
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		return n, fds, fmt.Errorf("message truncated (flags %#x)", flags)
+	}
+	return n, fds, nil
+}
+
+// peerCred returns the credentials of the process at the other end of c
+// (for a client, those of the server when it listened).
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	err = rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	})
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading SO_PEERCRED: %w", err)
+	}
+	return cred, nil
+}

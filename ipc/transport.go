@@ -1,0 +1,129 @@
+package ipc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/xseg-dev/xseg/handles"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// Transport is a way for an importer to obtain the pages a descriptor names.
+type Transport uint8
+
+const (
+	// TransportPidfd copies the exporter's page fds with pidfd_open and
+	// pidfd_getfd. It needs ptrace rights over the exporter (same uid and
+	// no ptrace restriction, or CAP_SYS_PTRACE) and the descriptor's fd
+	// numbers.
+	TransportPidfd Transport = iota + 1
+	// TransportSocket asks the exporter's Unix socket, which checks the
+	// importer's credentials and the token and passes the fds with
+	// SCM_RIGHTS.
+	TransportSocket
+	// TransportFabric takes the fabric handles out of the descriptor: the
+	// bytes are the handles, nothing moves between processes.
+	TransportFabric
+)
+
+func (t Transport) String() string {
+	switch t {
+	case TransportPidfd:
+		return "pidfd"
+	case TransportSocket:
+		return "socket"
+	case TransportFabric:
+		return "fabric"
+	}
+	return fmt.Sprintf("Transport(%d)", uint8(t))
+}
+
+// ErrRefused: the exporter refused the request (its policy does not admit
+// the importer's uid, or the token names no live share).
+var ErrRefused = errors.New("refused by exporter")
+
+// FetchOptions tune Fetch. The zero value chooses automatically.
+type FetchOptions struct {
+	// Transports are tried in this order until one succeeds. Nil means
+	// automatic: fabric for a fabric descriptor, else pidfd then socket.
+	Transports []Transport
+}
+
+// Received holds the page handles an importer obtained: one per page, in
+// page order, FDs for a posix-fd descriptor and Fabric for a fabric one.
+// The FDs are owned by the Received until taken; Close closes those still
+// held. A Received is not safe for concurrent use.
+type Received struct {
+	// Via is the transport that delivered the handles.
+	Via Transport
+	// FDs are the pages as descriptors of this process (posix-fd kind).
+	FDs []*handles.FD
+	// Fabric are the pages' fabric handles (fabric kind); the importer
+	// passes them to vmm.Driver.ImportFabric.
+	Fabric []handles.Fabric
+}
+
+// Close closes every FD still held. It is idempotent.
+func (r *Received) Close() error { return handles.CloseAll(r.FDs) }
+
+// Fetch obtains the pages of d in this process, trying the transports of
+// opts in order. When every transport fails, the error names each one
+// tried and why it failed (errors.Join, so errors.Is sees every cause:
+// unix.EPERM from pidfd_getfd, ErrRefused from the socket, ...). d must
+// have been validated (ParseDescriptor does). Fetch is safe for concurrent
+// use; ctx bounds the socket exchange.
+func Fetch(ctx context.Context, d *handles.Descriptor, opts FetchOptions) (*Received, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	order := opts.Transports
+	if order == nil {
+		order = []Transport{TransportPidfd, TransportSocket}
+		if d.Kind == handles.KindFabric {
+			order = []Transport{TransportFabric}
+		}
+	}
+	var errs []error
+	for _, t := range order {
+		r, err := fetchVia(ctx, t, d)
+		if err == nil {
+			return r, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", t, err))
+	}
+	if len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("no transport to try: %w", vmm.ErrInvalid))
+	}
+	return nil, fmt.Errorf("fetching %d %s pages of pid %d: %w", d.PageCount, d.Kind, d.ExporterPID, errors.Join(errs...))
+}
+
+func fetchVia(ctx context.Context, t Transport, d *handles.Descriptor) (*Received, error) {
+	var fds []*handles.FD
+	var err error
+	switch t {
+	case TransportPidfd:
+		fds, err = fetchPidfd(d)
+	case TransportSocket:
+		fds, err = fetchSocket(ctx, d)
+	case TransportFabric:
+		return fetchFabric(d)
+	default:
+		err = fmt.Errorf("unknown transport: %w", vmm.ErrInvalid)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Received{Via: t, FDs: fds}, nil
+}
+
+// fetchFabric is the fabric hook: the handles travel inside the descriptor,
+// so there is nothing to move. Importing them is the driver's job
+// (vmm.Driver.ImportFabric), and failing there is the importer's cue to ask
+// the exporter for a posix-fd share instead.
+func fetchFabric(d *handles.Descriptor) (*Received, error) {
+	if d.Kind != handles.KindFabric {
+		return nil, fmt.Errorf("a %s descriptor carries no fabric handles: %w", d.Kind, vmm.ErrNotSupported)
+	}
+	return &Received{Via: TransportFabric, Fabric: append([]handles.Fabric(nil), d.Fabric...)}, nil
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from anywhere in the repository, with the library
+# built beforehand on a machine with Go:
+#   CGO_ENABLED=1 go build -buildmode=c-shared -o .gpu-lib/libxseg.so ./cmd/libxseg
+#   cp -r ../shared/traces ../shared/tools/torch_* .gpu-lib/   (tools/ and traces/ flattened)
+# It runs: the GPT-2 comparison (native / expandable / xseg), the two-stream
+# race with and without record_stream routing, the C latency program beside
+# PyTorch's own (tools/torch_latency.cpp), and the replays of both traces
+# through PyTorch's three configurations and xseg. Logs go to $OUT (or
+# /tmp/xseg-gpu), one per step; a summary of the key lines ends the output.
+# Usage: bash python/gpu/run.sh [step ...]   (steps: gpt2 race latency replay api; default all)
+set -u
+cd "$(dirname "$0")/../.."
+root=$PWD
+gl=$root/.gpu-lib
+out=${OUT:-/tmp/xseg-gpu}
+mkdir -p "$out"
+export XSEG_LIB=$gl/libxseg.so PYTHONUNBUFFERED=1
+steps=${*:-gpt2 race latency api replay}
+status=0
+
+log() { # log NAME CMD...: run CMD, tee its output to $out/NAME.log
+	local name=$1; shift
+	echo "=== $name: $*"
+	"$@" 2>&1 | tee -a "$out/$name.log"
+	local rc=${PIPESTATUS[0]}
+	[ "$rc" = 0 ] || { echo "=== $name: exit status $rc"; status=1; }
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.log"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.log"
+
+for s in $steps; do
+	case $s in
+	gpt2) log gpt2 timeout 300 python3 python/gpu/compare_gpt2.py ;;
+	race)
+		log race timeout 60 python3 python/gpu/race.py
+		log race timeout 60 python3 python/gpu/race.py --no-route ;;
+	latency)
+		gcc -O2 -o /tmp/xseg_latency python/gpu/latency.c -ldl
+		log latency /tmp/xseg_latency "$XSEG_LIB"
+		T=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))")
+		if g++ -O2 -std=c++17 "$gl/torch_latency.cpp" -I"$T/include" -I/usr/local/cuda/include -L"$T/lib" \
+			-lc10 -lc10_cuda -Wl,-rpath,"$T/lib" -o /tmp/torch_latency 2>"$out/torch_latency_build.log"; then
+			log latency /tmp/torch_latency
+			PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True log latency /tmp/torch_latency
+		else
+			echo "torch_latency.cpp did not build:"; tail -5 "$out/torch_latency_build.log"; status=1
+		fi ;;
+	replay)
+		for tr in gpt2_train gpt2_varlen; do
+			for conf in "" expandable_segments:True backend:cudaMallocAsync; do
+				PYTORCH_CUDA_ALLOC_CONF=$conf log replay timeout 120 python3 "$gl/torch_replay.py" "$gl/$tr.trace.gz"
+			done
+			log replay timeout 120 python3 python/gpu/replay_xseg.py "$gl/$tr.trace.gz"
+		done ;;
+	api) log api timeout 120 python3 python/gpu/api.py ;;
+	*) echo "unknown step $s"; status=1 ;;
+	esac
+done
+
+echo "=== summary"
+grep -hE "GPT2 COMPARE|^loss:|tokens/s median|^peak reserved|^xseg counters|correct [0-9]|pair:|trace.gz \[|^API" "$out"/*.log
+exit $status

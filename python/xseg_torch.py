@@ -1,0 +1,376 @@
+"""xseg as PyTorch's CUDA allocator.
+
+Load libxseg.so (``go build -buildmode=c-shared -o libxseg.so ./cmd/libxseg``)
+as the process's CUDA allocator, before the first CUDA allocation::
+
+    import xseg_torch
+    xseg_torch.install(conf="oom_max_retries:3")   # first thing
+    import torch
+    x = torch.empty(1 << 20, device="cuda")         # xseg's memory
+    print(xseg_torch.stats()["reserved_bytes.all.peak"])
+
+The library is found from the ``path`` argument, the ``XSEG_LIB`` environment
+variable, or next to this file, its parent folder (the repository root) and
+``.gpu-lib/`` there. Only ``ctypes`` and (for ``install``) ``torch`` are used.
+
+PyTorch does not pass ``Tensor.record_stream`` on to a pluggable allocator, so
+``install`` patches ``torch.Tensor.record_stream`` to tell xseg as well
+(``xseg_record_stream``): a block used on a second stream is then reused only
+after that stream's work has finished. ``install(route_record_stream=False)``
+leaves PyTorch's behaviour alone (and memory used on a second stream can be
+handed out again while that stream still reads it).
+
+The functions are safe to call from any thread. Statistics use PyTorch's key
+names (``allocated_bytes.all.current``, ``reserved_bytes.all.peak``,
+``num_alloc_retries``, ``num_ooms``, ...), flattened as
+``torch.cuda.memory_stats`` flattens them.
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import sys
+import threading
+
+__all__ = [
+    "find_library", "load", "install", "installed", "is_installed",
+    "set_record_stream_routing", "stats", "memory_used", "memory_total",
+    "memory_free", "memory_allocated", "memory_reserved", "peak_memory",
+    "max_memory_allocated", "max_memory_reserved", "num_ooms",
+    "num_alloc_retries", "empty_cache", "clear_cache", "reset_peak_stats",
+    "snapshot", "last_error", "version",
+]
+
+_LIB_NAME = "libxseg.so"
+_lock = threading.RLock()
+_lib = None
+_lib_path = None
+_allocator = None  # the CUDAPluggableAllocator, kept alive while installed
+_routing = False
+_orig_record_stream = None
+
+
+def find_library(path=None):
+    """Return the absolute path of libxseg.so: ``path``, else ``$XSEG_LIB``,
+    else the first that exists of this file's folder, its parent and
+    ``.gpu-lib/`` in either. Raises FileNotFoundError naming what was tried."""
+    if path is None:
+        path = os.environ.get("XSEG_LIB") or None
+    if path is not None:
+        path = os.path.abspath(os.fspath(path))
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"xseg: library {path} does not exist")
+        return path
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    tried = [os.path.join(d, _LIB_NAME) for d in
+             (here, root, os.path.join(here, ".gpu-lib"), os.path.join(root, ".gpu-lib"))]
+    for p in tried:
+        if os.path.isfile(p):
+            return p
+    raise FileNotFoundError(
+        "xseg: cannot find libxseg.so; build it with "
+        "`go build -buildmode=c-shared -o libxseg.so ./cmd/libxseg` and pass its path "
+        "or set XSEG_LIB. Tried: " + ", ".join(tried))
+
+
+def _declare(lib):
+    c = ctypes
+    sigs = {
+        "xseg_malloc": (c.c_void_p, [c.c_ssize_t, c.c_int, c.c_void_p]),
+        "xseg_free": (None, [c.c_void_p, c.c_ssize_t, c.c_int, c.c_void_p]),
+        "xseg_record_stream": (c.c_int, [c.c_void_p, c.c_void_p]),
+        "xseg_stats_json": (c.c_void_p, [c.c_int]),
+        "xseg_snapshot_json": (c.c_void_p, [c.c_int]),
+        "xseg_string_free": (None, [c.c_void_p]),
+        "xseg_empty_cache": (c.c_int, [c.c_int]),
+        "xseg_reset_peak_stats": (c.c_int, [c.c_int]),
+        "xseg_configure": (c.c_int, [c.c_char_p]),
+        "xseg_set_log_level": (c.c_int, [c.c_char_p]),
+        "xseg_version": (c.c_char_p, []),
+        "xseg_last_error": (c.c_char_p, []),
+    }
+    for name, (res, args) in sigs.items():
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, args
+
+
+def load(path=None):
+    """Load libxseg.so once (see find_library) and return its ctypes.CDLL,
+    with every function's signature declared. A second call with another
+    path raises RuntimeError: a process has one xseg."""
+    global _lib, _lib_path
+    with _lock:
+        if _lib is not None:
+            if path is not None and os.path.abspath(os.fspath(path)) != _lib_path:
+                raise RuntimeError(f"xseg: {_lib_path} is already loaded; cannot load {path} too")
+            return _lib
+        p = find_library(path)
+        lib = ctypes.CDLL(p)
+        _declare(lib)
+        _lib, _lib_path = lib, p
+        return lib
+
+
+def last_error():
+    """The text of xseg's most recent failure (any thread), or None."""
+    s = load().xseg_last_error()
+    return s.decode(errors="replace") if s else None
+
+
+def version():
+    """The library's version string."""
+    return load().xseg_version().decode()
+
+
+def _check(rc, what):
+    if rc != 0:
+        raise RuntimeError(f"xseg: {what} failed: {last_error()}")
+
+
+def _json(fn, device):
+    lib = load()
+    p = fn(_device(device))
+    if not p:
+        raise RuntimeError(f"xseg: {fn.__name__} failed: {last_error()}")
+    try:
+        return json.loads(ctypes.string_at(p).decode())
+    finally:
+        lib.xseg_string_free(p)
+
+
+def _device(device):
+    """A device ordinal from an int or torch.device; None (or a device
+    without an index) is torch's current device once CUDA is initialized,
+    else 0."""
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    if index is not None:
+        return index
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return 0
+
+
+def _flatten(d, prefix="", out=None):
+    out = {} if out is None else out
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            _flatten(v, key + ".", out)
+        else:
+            out[key] = v
+    return out
+
+
+def stats(device=None):
+    """Statistics of one device as a flat dict with PyTorch's key names
+    ("allocated_bytes.all.current", "reserved_bytes.large_pool.peak",
+    "allocation.all.allocated", "num_alloc_retries", "num_ooms", ...) and
+    xseg's own ("num_maps", "num_pages_reused", "device_total_bytes", ...).
+    All zero for a device that has not allocated yet."""
+    return _flatten(_json(load().xseg_stats_json, device))
+
+
+def memory_allocated(device=None):
+    """Bytes of blocks handed out now (torch.cuda.memory_allocated)."""
+    return stats(device)["allocated_bytes.all.current"]
+
+
+def memory_reserved(device=None):
+    """Bytes of device memory xseg holds now (torch.cuda.memory_reserved)."""
+    return stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_allocated(device=None):
+    """Peak of memory_allocated since start or reset_peak_stats."""
+    return stats(device)["allocated_bytes.all.peak"]
+
+
+def max_memory_reserved(device=None):
+    """Peak of memory_reserved since start or reset_peak_stats."""
+    return stats(device)["reserved_bytes.all.peak"]
+
+
+memory_used = memory_allocated
+peak_memory = max_memory_allocated
+
+
+def memory_total(device=None):
+    """The device's total memory in bytes, as the driver reports it; 0 until
+    xseg has made its first allocation."""
+    return stats(device)["device_total_bytes"]
+
+
+def memory_free(device=None):
+    """The device's free memory in bytes (all processes), as the driver
+    reports it; 0 until xseg has made its first allocation."""
+    return stats(device)["device_free_bytes"]
+
+
+def num_ooms(device=None):
+    """How many allocations failed for want of memory."""
+    return stats(device)["num_ooms"]
+
+
+def num_alloc_retries(device=None):
+    """How many allocations succeeded only after emptying the cache."""
+    return stats(device)["num_alloc_retries"]
+
+
+def empty_cache(device=-1):
+    """Give every whole free page back to the driver (device -1: all)."""
+    _check(load().xseg_empty_cache(device), "empty_cache")
+
+
+clear_cache = empty_cache
+
+
+def reset_peak_stats(device=-1):
+    """Make every peak the current value (device -1: all)."""
+    _check(load().xseg_reset_peak_stats(device), "reset_peak_stats")
+
+
+def snapshot(device=None):
+    """Segments, mapped ranges and blocks of one device, with its stats, as a
+    dict (nested, as the library's JSON)."""
+    return _json(load().xseg_snapshot_json, device)
+
+
+def is_installed():
+    """Whether install() made xseg this process's CUDA allocator."""
+    return _allocator is not None
+
+
+def _record_stream(tensor, stream):
+    """torch.Tensor.record_stream, routed to xseg as well."""
+    _orig_record_stream(tensor, stream)
+    if not _routing or not tensor.is_cuda:
+        return
+    ptr = tensor.untyped_storage().data_ptr()
+    if not ptr:
+        return
+    handle = getattr(stream, "cuda_stream", None)
+    if handle is None:  # a generic torch.Stream of a CUDA device
+        import torch
+        handle = torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                                   device_type=stream.device_type).cuda_stream
+    if load().xseg_record_stream(ptr, handle) < 0:
+        raise RuntimeError(f"xseg: record_stream failed: {last_error()}")
+
+
+def set_record_stream_routing(on):
+    """Route torch.Tensor.record_stream to xseg too (on=True), or not. The
+    original method is always called; the patch is made once and stays."""
+    global _routing, _orig_record_stream
+    import torch
+    with _lock:
+        if on and _orig_record_stream is None:
+            _orig_record_stream = torch.Tensor.record_stream
+            torch.Tensor.record_stream = _record_stream
+        _routing = bool(on)
+
+
+def install(path=None, conf=None, enable_logging=False, route_record_stream=True, raise_on_oom=True):
+    """Make xseg the CUDA allocator of this process.
+
+    Call it before anything touches CUDA: PyTorch swaps allocators only
+    before its first CUDA allocation, and never back. conf is an XSEG_CONF
+    string ("oom_max_retries:3,release_threshold_mb:1024") applied over the
+    XSEG_CONF environment variable; enable_logging logs to standard error
+    (every step of the OOM policy included), or at the level named ("debug").
+    route_record_stream: see set_record_stream_routing. raise_on_oom
+    installs xseg_malloc_or_throw, so that a failed allocation raises a
+    RuntimeError ("xseg_malloc: ... out of memory ...") in Python; PyTorch
+    does not check the NULL that xseg_malloc returns (raise_on_oom=False)
+    and would hand out a tensor at address 0. Installing again with the same
+    library only changes the routing.
+    Raises RuntimeError when CUDA is already initialized or PyTorch refuses
+    the swap, ValueError for a configuration that does not parse."""
+    global _allocator
+    import torch
+    with _lock:
+        if _allocator is not None:
+            load(path)
+            set_record_stream_routing(route_record_stream)
+            return
+        if torch.cuda.is_initialized():
+            raise RuntimeError(
+                "xseg_torch.install(): CUDA is already initialized in this process, so PyTorch's own "
+                "allocator may already hold memory and cannot be replaced. Call install() first, "
+                "before any tensor is created on the GPU (and before torch.cuda.init()).")
+        lib = load(path)
+        _configure(lib, conf, enable_logging)
+        malloc = "xseg_malloc_or_throw" if raise_on_oom else "xseg_malloc"
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, malloc, "xseg_free")
+        try:
+            torch.cuda.memory.change_current_allocator(alloc)
+        except RuntimeError as e:
+            raise RuntimeError(
+                "xseg_torch.install(): PyTorch refused to swap its CUDA allocator (it does so only "
+                f"before the first CUDA allocation, and only once): {e}") from e
+        _allocator = alloc
+        set_record_stream_routing(route_record_stream)
+
+
+def _configure(lib, conf, enable_logging):
+    if enable_logging:
+        level = enable_logging if isinstance(enable_logging, str) else "info"
+        _check(lib.xseg_set_log_level(level.encode()), "enabling logging")
+        conf = ",".join(c for c in (conf, "oom_verbose:true") if c)
+    if conf:
+        if lib.xseg_configure(conf.encode()) != 0:
+            raise ValueError(f"xseg: configuration {conf!r}: {last_error()}")
+
+
+@contextlib.contextmanager
+def installed(path=None, conf=None, enable_logging=False, route_record_stream=True, raise_on_oom=True,
+              keep=False):
+    """install() for a block: ``with xseg_torch.installed(): train()``.
+
+    On leaving the block xseg's cache is emptied and PyTorch's previous
+    allocator put back where PyTorch allows it. PyTorch (up to at least 2.11)
+    never allows it: a pluggable allocator counts as initialized from the
+    moment it is made, and change_current_allocator refuses to replace an
+    initialized allocator. So, unless keep=True says that xseg staying for
+    the rest of the process is intended, leaving the block raises
+    RuntimeError saying so (an exception from the block itself is left to
+    propagate instead)."""
+    import torch
+    try:
+        previous = torch.cuda.memory._get_current_allocator()
+    except (AttributeError, RuntimeError):
+        previous = None
+    install(path, conf, enable_logging, route_record_stream, raise_on_oom)
+    try:
+        yield sys.modules[__name__]
+    except BaseException:
+        _leave(torch, previous, keep=True)
+        raise
+    _leave(torch, previous, keep)
+
+
+def _leave(torch, previous, keep):
+    global _allocator
+    if torch.cuda.is_initialized():
+        empty_cache()
+    if keep:
+        return
+    reason = "PyTorch offers no way to get its previous allocator back"
+    if previous is not None:
+        try:
+            torch.cuda.memory.change_current_allocator(previous)
+        except RuntimeError as e:
+            reason = f"PyTorch refuses to swap an allocator that is initialized ({e})"
+        else:
+            with _lock:
+                _allocator = None
+                set_record_stream_routing(False)
+            return
+    raise RuntimeError(
+        "xseg_torch.installed(): cannot put PyTorch's allocator back: " + reason + ". xseg "
+        "stays this process's CUDA allocator (its cache was emptied). Use installed(keep=True), "
+        "or install() once at start-up, where that is intended.")

@@ -1,0 +1,175 @@
+//go:build cgo && linux
+
+package cuda
+
+/*
+#include "xseg_cuda.h"
+*/
+import "C"
+
+import (
+	"fmt"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// span is device memory a copy or memset touches, and the access it needs.
+type span struct {
+	ptr  vmm.DevicePtr
+	n    uint64
+	want vmm.Access
+}
+
+// inAlloc reports whether s lies inside one plain allocation (MemAlloc),
+// which every device may use.
+func (d *Driver) inAlloc(s span) bool {
+	base, size, ok := d.books.AllocAt(s.ptr)
+	return ok && s.ptr.Add(s.n) <= base.Add(size)
+}
+
+// workCtx picks the context that copies and memsets run in: that of a
+// device allowed to touch every span (the device of the page mapped at the
+// first span first). Touching memory that is not mapped or not accessible
+// would fault the context for good, so it is refused with vmm.ErrInvalid
+// before the driver sees it. A nil context (any) serves spans that all lie
+// in plain allocations.
+func (d *Driver) workCtx(what string, spans ...span) (C.CUcontext, error) {
+	var cands []vmm.Device
+	for _, s := range spans {
+		if d.inAlloc(s) {
+			continue
+		}
+		m, ok := d.books.Lookup(s.ptr)
+		if !ok {
+			return nil, fmt.Errorf("%s: address %v is neither mapped nor allocated here: %w", what, s.ptr, vmm.ErrInvalid)
+		}
+		cands = append(cands, m.Device)
+		for _, a := range m.Access {
+			cands = append(cands, a.Device)
+		}
+	}
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	var first error
+	for _, dev := range cands {
+		err := d.allowed(dev, spans)
+		if err == nil {
+			s, err := d.device(dev)
+			if err != nil {
+				return nil, err
+			}
+			return s.ctx, nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return nil, fmt.Errorf("%s: %w", what, first)
+}
+
+// allowed reports whether dev may touch every span.
+func (d *Driver) allowed(dev vmm.Device, spans []span) error {
+	for _, s := range spans {
+		if d.inAlloc(s) {
+			continue
+		}
+		if err := d.books.Accessible(s.ptr, s.n, dev, s.want); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CopyHtoD copies src to dst and waits until the bytes are there.
+func (d *Driver) CopyHtoD(dst vmm.DevicePtr, src []byte) error {
+	if err := d.live(); err != nil || len(src) == 0 {
+		return err
+	}
+	what := fmt.Sprintf("copying %d bytes to %v", len(src), dst)
+	c, err := d.workCtx(what, span{dst, uint64(len(src)), vmm.AccessReadWrite})
+	if err != nil {
+		return err
+	}
+	if err := d.sym.memcpyHtoD(c, dst, src); err != nil {
+		return fmt.Errorf("cuMemcpyHtoD %v+%d: %w", dst, len(src), err)
+	}
+	return nil
+}
+
+// CopyDtoH copies len(dst) bytes from src into dst.
+func (d *Driver) CopyDtoH(dst []byte, src vmm.DevicePtr) error {
+	if err := d.live(); err != nil || len(dst) == 0 {
+		return err
+	}
+	what := fmt.Sprintf("copying %d bytes from %v", len(dst), src)
+	c, err := d.workCtx(what, span{src, uint64(len(dst)), vmm.AccessRead})
+	if err != nil {
+		return err
+	}
+	if err := d.sym.memcpyDtoH(c, dst, src); err != nil {
+		return fmt.Errorf("cuMemcpyDtoH %v+%d: %w", src, len(dst), err)
+	}
+	return nil
+}
+
+// CopyDtoD copies n bytes from src to dst, on a device that may read the
+// one and write the other, and waits.
+func (d *Driver) CopyDtoD(dst, src vmm.DevicePtr, n uint64) error {
+	if err := d.live(); err != nil || n == 0 {
+		return err
+	}
+	what := fmt.Sprintf("copying %d bytes from %v to %v", n, src, dst)
+	c, err := d.workCtx(what, span{dst, n, vmm.AccessReadWrite}, span{src, n, vmm.AccessRead})
+	if err != nil {
+		return err
+	}
+	if err := d.sym.memcpyDtoD(c, dst, src, n); err != nil {
+		return fmt.Errorf("cuMemcpy %v <- %v, %d bytes: %w", dst, src, n, err)
+	}
+	return nil
+}
+
+// Memset sets n bytes at dst to value and waits.
+func (d *Driver) Memset(dst vmm.DevicePtr, value byte, n uint64) error {
+	if err := d.live(); err != nil || n == 0 {
+		return err
+	}
+	what := fmt.Sprintf("setting %d bytes at %v", n, dst)
+	c, err := d.workCtx(what, span{dst, n, vmm.AccessReadWrite})
+	if err != nil {
+		return err
+	}
+	if err := d.sym.memsetD8(c, dst, value, n); err != nil {
+		return fmt.Errorf("cuMemsetD8 %v+%d: %w", dst, n, err)
+	}
+	return nil
+}
+
+// MemsetAsync queues the memset of n bytes at dst on stream st and returns.
+// On a stream made here it runs in the stream's context, whose device must
+// be allowed to write there.
+func (d *Driver) MemsetAsync(dst vmm.DevicePtr, value byte, n uint64, st vmm.Stream) error {
+	if err := d.live(); err != nil || n == 0 {
+		return err
+	}
+	what := fmt.Sprintf("setting %d bytes at %v on stream %#x", n, dst, uintptr(st))
+	sp := span{dst, n, vmm.AccessReadWrite}
+	c, dev, ours, err := d.streamCtx(st)
+	if err != nil {
+		return err
+	}
+	if ours {
+		if err := d.allowed(dev, []span{sp}); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+	} else {
+		if c, err = d.workCtx(what, sp); err != nil {
+			return err
+		}
+	}
+	if err := d.sym.memsetD8Async(c, dst, value, n, st); err != nil {
+		return fmt.Errorf("cuMemsetD8Async %v+%d on stream %#x: %w", dst, n, uintptr(st), err)
+	}
+	return nil
+}

@@ -1,0 +1,171 @@
+// xseg_cuda.h: the few types, constants and entry points of the CUDA driver
+// API that package cuda uses. The build has no cuda.h, so they are declared
+// here; every value and layout was checked against cuda.h of CUDA 12.6
+// (CUDA_VERSION 12060). The _Static_asserts pin the struct layouts.
+//
+// Entry points are reached through a symbol table (xs_syms) filled once by
+// cuGetProcAddress, and called through the static inline trampolines at the
+// end of this file, one per entry point.
+
+#ifndef XSEG_CUDA_H
+#define XSEG_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct { unsigned char bytes[16]; } CUuuid;
+
+enum {
+	CUDA_SUCCESS = 0,
+	CUDA_ERROR_NOT_READY = 600,
+};
+
+// CUdevice_attribute values.
+enum {
+	CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+	CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103,
+	CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110,
+	CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED = 128,
+};
+
+enum {
+	CU_MEM_ALLOCATION_TYPE_PINNED = 0x1,      // CUmemAllocationType
+	CU_MEM_LOCATION_TYPE_DEVICE = 0x1,        // CUmemLocationType
+	CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1, // CUmemAllocationHandleType
+	CU_MEM_HANDLE_TYPE_FABRIC = 0x8,
+	CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0,   // CUmemAllocationGranularity_flags
+	CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1,
+	CU_STREAM_NON_BLOCKING = 0x1,             // CUstream_flags
+	CU_EVENT_DISABLE_TIMING = 0x2,            // CUevent_flags
+	CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0, // CUdriverProcAddress_flags
+	CU_GET_PROC_ADDRESS_SUCCESS = 0,          // CUdriverProcAddressQueryResult
+};
+
+typedef struct {
+	int type; // CUmemLocationType
+	int id;
+} CUmemLocation;
+
+typedef struct {
+	int type;                 // CUmemAllocationType
+	int requestedHandleTypes; // CUmemAllocationHandleType
+	CUmemLocation location;
+	void *win32HandleMetaData;
+	struct {
+		unsigned char compressionType;
+		unsigned char gpuDirectRDMACapable;
+		unsigned short usage;
+		unsigned char reserved[4];
+	} allocFlags;
+} CUmemAllocationProp;
+
+typedef struct {
+	CUmemLocation location;
+	int flags; // CUmemAccess_flags
+} CUmemAccessDesc;
+
+typedef struct { unsigned char data[64]; } CUmemFabricHandle;
+
+_Static_assert(sizeof(CUmemLocation) == 8, "CUmemLocation layout");
+_Static_assert(offsetof(CUmemAllocationProp, location) == 8, "CUmemAllocationProp.location");
+_Static_assert(offsetof(CUmemAllocationProp, win32HandleMetaData) == 16, "CUmemAllocationProp.win32HandleMetaData");
+_Static_assert(offsetof(CUmemAllocationProp, allocFlags) == 24, "CUmemAllocationProp.allocFlags");
+_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp layout");
+_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc layout");
+_Static_assert(sizeof(CUmemFabricHandle) == 64, "CUmemFabricHandle layout");
+
+// The loader's own entry points, found with dlsym.
+typedef CUresult (*xs_getproc_v2)(const char *symbol, void **pfn, int cudaVersion, uint64_t flags, int *symbolStatus);
+typedef CUresult (*xs_getproc_v1)(const char *symbol, void **pfn, int cudaVersion, uint64_t flags);
+typedef CUresult (*xs_init_fn)(unsigned int flags);
+typedef CUresult (*xs_version_fn)(int *version);
+
+// XS_ENTRY_POINTS lists every entry point of the symbol table: its name as
+// cuGetProcAddress knows it (the base name; the version asked for picks the
+// _v2 variants) and its parameters.
+#define XS_ENTRY_POINTS(X) \
+	X(cuInit, (unsigned int flags)) \
+	X(cuDriverGetVersion, (int *version)) \
+	X(cuGetErrorName, (CUresult error, const char **str)) \
+	X(cuGetErrorString, (CUresult error, const char **str)) \
+	X(cuDeviceGet, (CUdevice *device, int ordinal)) \
+	X(cuDeviceGetCount, (int *count)) \
+	X(cuDeviceGetName, (char *name, int len, CUdevice dev)) \
+	X(cuDeviceGetUuid, (CUuuid *uuid, CUdevice dev)) \
+	X(cuDeviceTotalMem, (size_t *bytes, CUdevice dev)) \
+	X(cuDeviceGetAttribute, (int *pi, int attrib, CUdevice dev)) \
+	X(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev)) \
+	X(cuDevicePrimaryCtxRelease, (CUdevice dev)) \
+	X(cuCtxGetCurrent, (CUcontext *pctx)) \
+	X(cuCtxSetCurrent, (CUcontext ctx)) \
+	X(cuCtxPushCurrent, (CUcontext ctx)) \
+	X(cuCtxPopCurrent, (CUcontext *pctx)) \
+	X(cuCtxGetDevice, (CUdevice *device)) \
+	X(cuMemGetInfo, (size_t *free, size_t *total)) \
+	X(cuMemGetAllocationGranularity, (size_t *granularity, const CUmemAllocationProp *prop, int option)) \
+	X(cuMemAddressReserve, (CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)) \
+	X(cuMemAddressFree, (CUdeviceptr ptr, size_t size)) \
+	X(cuMemCreate, (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)) \
+	X(cuMemRelease, (CUmemGenericAllocationHandle handle)) \
+	X(cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)) \
+	X(cuMemUnmap, (CUdeviceptr ptr, size_t size)) \
+	X(cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)) \
+	X(cuMemExportToShareableHandle, (void *shareableHandle, CUmemGenericAllocationHandle handle, int handleType, unsigned long long flags)) \
+	X(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *handle, void *osHandle, int shHandleType)) \
+	X(cuMemGetAllocationPropertiesFromHandle, (CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)) \
+	X(cuStreamCreate, (CUstream *phStream, unsigned int flags)) \
+	X(cuStreamDestroy, (CUstream hStream)) \
+	X(cuStreamSynchronize, (CUstream hStream)) \
+	X(cuEventCreate, (CUevent *phEvent, unsigned int flags)) \
+	X(cuEventRecord, (CUevent hEvent, CUstream hStream)) \
+	X(cuEventQuery, (CUevent hEvent)) \
+	X(cuEventSynchronize, (CUevent hEvent)) \
+	X(cuEventDestroy, (CUevent hEvent)) \
+	X(cuMemcpyHtoD, (CUdeviceptr dst, const void *src, size_t n)) \
+	X(cuMemcpyDtoH, (void *dst, CUdeviceptr src, size_t n)) \
+	X(cuMemcpy, (CUdeviceptr dst, CUdeviceptr src, size_t n)) \
+	X(cuMemsetD8, (CUdeviceptr dst, unsigned char uc, size_t n)) \
+	X(cuMemsetD8Async, (CUdeviceptr dst, unsigned char uc, size_t n, CUstream hStream)) \
+	X(cuMemAlloc, (CUdeviceptr *dptr, size_t bytesize)) \
+	X(cuMemFree, (CUdeviceptr dptr))
+
+#define XS_FIELD(name, params) CUresult (*name) params;
+#define XS_NAME(name, params) #name,
+#define XS_COUNT(name, params) +1
+
+// xs_syms is the symbol table of one Driver: every entry point, resolved
+// once, and the context a call falls back on when it may run in any context
+// and the calling thread has none.
+typedef struct {
+	XS_ENTRY_POINTS(XS_FIELD)
+	CUcontext fallback;
+} xs_syms;
+
+enum { XS_NUM_ENTRY_POINTS = 0 XS_ENTRY_POINTS(XS_COUNT) };
+
+// XS_IN_CTX runs call with a context current and returns its result. want is
+// the context the call needs; NULL means any context will do (the calling
+// thread's, or s->fallback if it has none). When the thread's current
+// context already fits, call runs as is, so a caller that made the device's
+// context current (PyTorch's threads) pays one cuCtxGetCurrent. Otherwise
+// the context is pushed for the call and popped after it, leaving the
+// thread as it was. One cgo crossing runs all of it on one OS thread.
+#define XS_IN_CTX(s, want, call) do { \
+	CUcontext cur_ = NULL, w_ = (want) ? (want) : (s)->fallback, popped_; \
+	CUresult r_ = (s)->cuCtxGetCurrent(&cur_); \
+	if (r_ != CUDA_SUCCESS) return r_; \
+	if (cur_ == w_ || (!(want) && cur_ != NULL)) return (call); \
+	if ((r_ = (s)->cuCtxPushCurrent(w_)) != CUDA_SUCCESS) return r_; \
+	r_ = (call); \
+	CUresult p_ = (s)->cuCtxPopCurrent(&popped_); \
+	return r_ != CUDA_SUCCESS ? r_ : p_; \
+} while (0)
+
+#endif

@@ -1,0 +1,261 @@
+package vmmtest
+
+import "github.com/xseg-dev/xseg/vmm"
+
+// The vmm.Driver methods of Faulty: each counts its call, fails it if it is
+// armed, and passes it on otherwise.
+
+// Backend names the wrapped backend; it is never failed.
+func (f *Faulty) Backend() string { return f.d.Backend() }
+
+// Usage reports the wrapped driver's usage; it is never failed.
+func (f *Faulty) Usage() vmm.Usage { return f.d.Usage() }
+
+// DriverVersion implements vmm.Driver.
+func (f *Faulty) DriverVersion() (int, error) {
+	if err := f.enter(OpDriverVersion); err != nil {
+		return 0, err
+	}
+	return f.d.DriverVersion()
+}
+
+// DeviceCount implements vmm.Driver.
+func (f *Faulty) DeviceCount() (int, error) {
+	if err := f.enter(OpDeviceCount); err != nil {
+		return 0, err
+	}
+	return f.d.DeviceCount()
+}
+
+// DeviceInfo implements vmm.Driver.
+func (f *Faulty) DeviceInfo(dev vmm.Device) (vmm.DeviceInfo, error) {
+	if err := f.enter(OpDeviceInfo); err != nil {
+		return vmm.DeviceInfo{}, err
+	}
+	return f.d.DeviceInfo(dev)
+}
+
+// MemInfo implements vmm.Driver.
+func (f *Faulty) MemInfo(dev vmm.Device) (free, total uint64, err error) {
+	if err := f.enter(OpMemInfo); err != nil {
+		return 0, 0, err
+	}
+	return f.d.MemInfo(dev)
+}
+
+// Reserve implements vmm.Driver.
+func (f *Faulty) Reserve(size, align uint64) (vmm.DevicePtr, error) {
+	if err := f.enter(OpReserve); err != nil {
+		return 0, err
+	}
+	return f.d.Reserve(size, align)
+}
+
+// Unreserve implements vmm.Driver.
+func (f *Faulty) Unreserve(ptr vmm.DevicePtr, size uint64) error {
+	if err := f.enter(OpUnreserve); err != nil {
+		return err
+	}
+	return f.d.Unreserve(ptr, size)
+}
+
+// Create implements vmm.Driver.
+func (f *Faulty) Create(dev vmm.Device, size uint64, types vmm.HandleType) (vmm.Handle, error) {
+	if err := f.enter(OpCreate); err != nil {
+		return 0, err
+	}
+	return f.d.Create(dev, size, types)
+}
+
+// Release implements vmm.Driver.
+func (f *Faulty) Release(h vmm.Handle) error {
+	if err := f.enter(OpRelease); err != nil {
+		return err
+	}
+	return f.d.Release(h)
+}
+
+// Map implements vmm.Driver.
+func (f *Faulty) Map(ptr vmm.DevicePtr, size uint64, h vmm.Handle, offset uint64) error {
+	if err := f.enter(OpMap); err != nil {
+		return err
+	}
+	return f.d.Map(ptr, size, h, offset)
+}
+
+// Unmap implements vmm.Driver.
+func (f *Faulty) Unmap(ptr vmm.DevicePtr, size uint64) error {
+	if err := f.enter(OpUnmap); err != nil {
+		return err
+	}
+	return f.d.Unmap(ptr, size)
+}
+
+// SetAccess implements vmm.Driver.
+func (f *Faulty) SetAccess(ptr vmm.DevicePtr, size uint64, access []vmm.AccessDesc) error {
+	if err := f.enter(OpSetAccess); err != nil {
+		return err
+	}
+	return f.d.SetAccess(ptr, size, access)
+}
+
+// ExportFD implements vmm.Driver.
+func (f *Faulty) ExportFD(h vmm.Handle) (int, error) {
+	if err := f.enter(OpExportFD); err != nil {
+		return -1, err
+	}
+	return f.d.ExportFD(h)
+}
+
+// ImportFD implements vmm.Driver.
+func (f *Faulty) ImportFD(fd int) (vmm.Handle, error) {
+	if err := f.enter(OpImportFD); err != nil {
+		return 0, err
+	}
+	return f.d.ImportFD(fd)
+}
+
+// ExportFabric implements vmm.Driver.
+func (f *Faulty) ExportFabric(h vmm.Handle) (vmm.FabricHandle, error) {
+	if err := f.enter(OpExportFabric); err != nil {
+		return vmm.FabricHandle{}, err
+	}
+	return f.d.ExportFabric(h)
+}
+
+// ImportFabric implements vmm.Driver.
+func (f *Faulty) ImportFabric(fh vmm.FabricHandle) (vmm.Handle, error) {
+	if err := f.enter(OpImportFabric); err != nil {
+		return 0, err
+	}
+	return f.d.ImportFabric(fh)
+}
+
+// StreamCreate implements vmm.Driver.
+func (f *Faulty) StreamCreate(dev vmm.Device) (vmm.Stream, error) {
+	if err := f.enter(OpStreamCreate); err != nil {
+		return 0, err
+	}
+	return f.d.StreamCreate(dev)
+}
+
+// StreamDestroy implements vmm.Driver.
+func (f *Faulty) StreamDestroy(s vmm.Stream) error {
+	if err := f.enter(OpStreamDestroy); err != nil {
+		return err
+	}
+	return f.d.StreamDestroy(s)
+}
+
+// StreamSynchronize implements vmm.Driver.
+func (f *Faulty) StreamSynchronize(s vmm.Stream) error {
+	if err := f.enter(OpStreamSynchronize); err != nil {
+		return err
+	}
+	return f.d.StreamSynchronize(s)
+}
+
+// EventCreate implements vmm.Driver.
+func (f *Faulty) EventCreate(dev vmm.Device) (vmm.Event, error) {
+	if err := f.enter(OpEventCreate); err != nil {
+		return 0, err
+	}
+	return f.d.EventCreate(dev)
+}
+
+// EventRecord implements vmm.Driver.
+func (f *Faulty) EventRecord(e vmm.Event, s vmm.Stream) error {
+	if err := f.enter(OpEventRecord); err != nil {
+		return err
+	}
+	return f.d.EventRecord(e, s)
+}
+
+// EventQuery implements vmm.Driver.
+func (f *Faulty) EventQuery(e vmm.Event) (bool, error) {
+	if err := f.enter(OpEventQuery); err != nil {
+		return false, err
+	}
+	return f.d.EventQuery(e)
+}
+
+// EventSynchronize implements vmm.Driver.
+func (f *Faulty) EventSynchronize(e vmm.Event) error {
+	if err := f.enter(OpEventSynchronize); err != nil {
+		return err
+	}
+	return f.d.EventSynchronize(e)
+}
+
+// EventDestroy implements vmm.Driver.
+func (f *Faulty) EventDestroy(e vmm.Event) error {
+	if err := f.enter(OpEventDestroy); err != nil {
+		return err
+	}
+	return f.d.EventDestroy(e)
+}
+
+// CopyHtoD implements vmm.Driver.
+func (f *Faulty) CopyHtoD(dst vmm.DevicePtr, src []byte) error {
+	if err := f.enter(OpCopyHtoD); err != nil {
+		return err
+	}
+	return f.d.CopyHtoD(dst, src)
+}
+
+// CopyDtoH implements vmm.Driver.
+func (f *Faulty) CopyDtoH(dst []byte, src vmm.DevicePtr) error {
+	if err := f.enter(OpCopyDtoH); err != nil {
+		return err
+	}
+	return f.d.CopyDtoH(dst, src)
+}
+
+// CopyDtoD implements vmm.Driver.
+func (f *Faulty) CopyDtoD(dst, src vmm.DevicePtr, n uint64) error {
+	if err := f.enter(OpCopyDtoD); err != nil {
+		return err
+	}
+	return f.d.CopyDtoD(dst, src, n)
+}
+
+// Memset implements vmm.Driver.
+func (f *Faulty) Memset(dst vmm.DevicePtr, value byte, n uint64) error {
+	if err := f.enter(OpMemset); err != nil {
+		return err
+	}
+	return f.d.Memset(dst, value, n)
+}
+
+// MemsetAsync implements vmm.Driver.
+func (f *Faulty) MemsetAsync(dst vmm.DevicePtr, value byte, n uint64, s vmm.Stream) error {
+	if err := f.enter(OpMemsetAsync); err != nil {
+		return err
+	}
+	return f.d.MemsetAsync(dst, value, n, s)
+}
+
+// MemAlloc implements vmm.Driver.
+func (f *Faulty) MemAlloc(dev vmm.Device, size uint64) (vmm.DevicePtr, error) {
+	if err := f.enter(OpMemAlloc); err != nil {
+		return 0, err
+	}
+	return f.d.MemAlloc(dev, size)
+}
+
+// MemFree implements vmm.Driver.
+func (f *Faulty) MemFree(ptr vmm.DevicePtr) error {
+	if err := f.enter(OpMemFree); err != nil {
+		return err
+	}
+	return f.d.MemFree(ptr)
+}
+
+// Close implements vmm.Driver. An injected failure leaves the wrapped driver
+// open.
+func (f *Faulty) Close() error {
+	if err := f.enter(OpClose); err != nil {
+		return err
+	}
+	return f.d.Close()
+}

@@ -1,0 +1,76 @@
+package vmmtest_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
+)
+
+// recorder is a testing.TB whose errors and cleanups are kept, so that
+// CheckLeaks can be seen to fail.
+type recorder struct {
+	testing.TB
+	errs     []string
+	cleanups []func()
+}
+
+func (r *recorder) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+func (r *recorder) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
+
+// finish runs the cleanups, last first, as testing does.
+func (r *recorder) finish() string {
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		r.cleanups[i]()
+	}
+	return strings.Join(r.errs, "\n")
+}
+
+func TestCheckLeaksClean(t *testing.T) {
+	d := openHost(t)
+	defer d.Close()
+	r := &recorder{TB: t}
+	vmmtest.CheckLeaks(r, d)
+	h, err := d.Create(0, 2<<20, vmm.HandlePosixFD)
+	require.NoError(t, err)
+	fd, err := d.ExportFD(h)
+	require.NoError(t, err)
+	require.NoError(t, unix.Close(fd))
+	require.NoError(t, d.Release(h))
+	require.Empty(t, r.finish())
+}
+
+func TestCheckLeaksPage(t *testing.T) {
+	d := openHost(t)
+	defer d.Close()
+	r := &recorder{TB: t}
+	vmmtest.CheckLeaks(r, d)
+	h, err := d.Create(0, 2<<20, vmm.HandleNone)
+	require.NoError(t, err)
+	require.Contains(t, r.finish(), "handles=1")
+	require.NoError(t, d.Release(h))
+}
+
+func TestCheckLeaksFD(t *testing.T) {
+	d := openHost(t)
+	defer d.Close()
+	r := &recorder{TB: t}
+	vmmtest.CheckLeaks(r, d)
+	h, err := d.Create(0, 2<<20, vmm.HandlePosixFD)
+	require.NoError(t, err)
+	fd, err := d.ExportFD(h)
+	require.NoError(t, err)
+	require.NoError(t, d.Release(h))
+	msg := r.finish()
+	require.NoError(t, unix.Close(fd))
+	require.Contains(t, msg, fmt.Sprintf("fd %d -> ", fd))
+	require.Contains(t, msg, "1 file descriptors")
+}
