@@ -114,10 +114,15 @@ func TestReplayTraces(t *testing.T) {
 		limit float64
 	}{
 		// The target for gpt2_train is 1.004; this allocator
-		// reaches 1.00433 (one 20 MiB page over), so the guard holds it
-		// there until placement improves.
+		// reaches 1.00433: 755 large pages at the peak where 754 would
+		// do. The free bytes then (66.8 MB) lie in 13 pieces between
+		// live blocks, none holding a whole 20 MiB page, plus the rest
+		// of the last page. The guard holds it there until placement
+		// improves.
 		{"gpt2_train", 1.0044},
-		{"gpt2_varlen", 1.004},
+		// Target 1.005; reached 1.00304 (taking a block from the high end
+		// of a free block when that keeps more whole pages free).
+		{"gpt2_varlen", 1.0031},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			evs := readTrace(t, filepath.Join("..", "bench", "traces", tc.name+".trace.gz"))

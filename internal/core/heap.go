@@ -132,7 +132,7 @@ func (h *Heap) alloc(size uint64, s vmm.Stream, final bool) (vmm.DevicePtr, erro
 			return 0, err
 		}
 	}
-	h.handOutLocked(b, rs, size)
+	b = h.handOutLocked(b, rs, size)
 	if invariantsOn {
 		h.checkLocked()
 	}
@@ -140,8 +140,16 @@ func (h *Heap) alloc(size uint64, s vmm.Stream, final bool) (vmm.DevicePtr, erro
 }
 
 // handOutLocked makes free block b (in no free structure) an allocated
-// block of rs bytes, splitting off the rest.
-func (h *Heap) handOutLocked(b *block, rs, req uint64) {
+// block of rs bytes, splitting off the rest, and returns it: b itself, or
+// its high end when the free rest keeps more whole pages there (see
+// highEnd).
+func (h *Heap) handOutLocked(b *block, rs, req uint64) *block {
+	if b.size-rs >= MinBlock && highEnd(b, rs) {
+		r := h.splitAt(b, b.size-rs)
+		r.state = stAllocated // so that coalescing b leaves r alone
+		h.coalesce(b)
+		b = r
+	}
 	b.state = stAllocated
 	b.requested = req
 	if b.size-rs >= MinBlock {
@@ -155,6 +163,23 @@ func (h *Heap) handOutLocked(b *block, rs, req uint64) {
 	st.ActiveBytes.Add(p, int64(b.size))
 	st.Allocations.Add(p, 1)
 	st.ActiveBlocks.Add(p, 1)
+	return b
+}
+
+// highEnd reports whether a block of rs bytes taken from free block b
+// should come from b's high end: b is bounded (no hole after it, so the
+// block does not take pages it would grow into) and the free rest keeps
+// more whole pages at the low end than at the high end. Whole free pages
+// are what unmapping and growth can take back; a rest that straddles page
+// boundaries without holding a whole page is lost to the pages around it.
+func highEnd(b *block, rs uint64) bool {
+	if b.next != nil && b.next.state == stUnmapped {
+		return false
+	}
+	seg, rest := b.seg, b.size-rs
+	lo, hi := pagesIn(seg, b.ptr.Add(rs), rest)
+	l2, h2 := pagesIn(seg, b.ptr, rest)
+	return h2 > l2 && (hi <= lo || h2-l2 > hi-lo)
 }
 
 // Free gives a block back. A block used on other streams (RecordStream)

@@ -122,9 +122,13 @@ func hasWholePage(seg *Seg, skip []*block) bool {
 }
 
 // wholePages returns the whole pages inside b.
-func wholePages(seg *Seg, b *block) (lo, hi vmm.DevicePtr) {
-	lo = seg.Base.Add(roundUp(uint64(b.ptr-seg.Base), seg.PageSize))
-	hi = seg.Base.Add(uint64(b.end()-seg.Base) / seg.PageSize * seg.PageSize)
+func wholePages(seg *Seg, b *block) (lo, hi vmm.DevicePtr) { return pagesIn(seg, b.ptr, b.size) }
+
+// pagesIn returns the whole pages of seg inside [ptr, ptr+size); hi <= lo
+// when there are none.
+func pagesIn(seg *Seg, ptr vmm.DevicePtr, size uint64) (lo, hi vmm.DevicePtr) {
+	lo = seg.Base.Add(roundUp(uint64(ptr-seg.Base), seg.PageSize))
+	hi = seg.Base.Add(uint64(ptr.Add(size)-seg.Base) / seg.PageSize * seg.PageSize)
 	return lo, hi
 }
 

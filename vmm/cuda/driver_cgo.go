@@ -177,6 +177,8 @@ func (d *Driver) fabricWorks(s *device) bool {
 	if err != nil {
 		return !errors.Is(err, vmm.ErrNotSupported)
 	}
+	// A failed release would leave one probe page behind; the answer
+	// stands either way, and Open has no caller to hand the page to.
 	_ = d.sym.memRelease(s.ctx, h)
 	return true
 }

@@ -58,7 +58,8 @@ type Ledger struct {
 	mu   sync.Mutex
 	// guarded by mu
 	ranges  *btree.BTreeG[span]
-	maps    *btree.BTreeG[Mapping]
+	maps    *btree.BTreeG[*Mapping]
+	lo, hi  Mapping // search keys, reused so that lookups do not allocate
 	pages   map[vmm.Handle]*Page
 	allocs  map[vmm.DevicePtr]uint64
 	streams map[vmm.Stream]vmm.Device
@@ -75,7 +76,7 @@ func New(gran uint64) *Ledger {
 	return &Ledger{
 		gran:    gran,
 		ranges:  btree.NewG(16, func(a, b span) bool { return a.ptr < b.ptr }),
-		maps:    btree.NewG(16, func(a, b Mapping) bool { return a.Ptr < b.Ptr }),
+		maps:    btree.NewG(16, func(a, b *Mapping) bool { return a.Ptr < b.Ptr }),
 		pages:   make(map[vmm.Handle]*Page),
 		allocs:  make(map[vmm.DevicePtr]uint64),
 		streams: make(map[vmm.Stream]vmm.Device),
@@ -156,26 +157,33 @@ func (l *Ledger) rangeOf(ptr, end vmm.DevicePtr) (span, bool) {
 	return r, true
 }
 
+// keys returns the reusable search keys set to ptr and end.
+func (l *Ledger) keys(ptr, end vmm.DevicePtr) (*Mapping, *Mapping) {
+	l.lo.Ptr, l.hi.Ptr = ptr, end
+	return &l.lo, &l.hi
+}
+
 // mappingsIn counts the mappings that overlap [ptr, end).
 func (l *Ledger) mappingsIn(ptr, end vmm.DevicePtr) int {
 	n := 0
-	if m, ok := l.mappingAt(ptr); ok && m.Ptr < ptr {
+	if m := l.mappingAt(ptr); m != nil && m.Ptr < ptr {
 		n++
 	}
-	l.maps.AscendRange(Mapping{Ptr: ptr}, Mapping{Ptr: end}, func(Mapping) bool { n++; return true })
+	lo, hi := l.keys(ptr, end)
+	l.maps.AscendRange(lo, hi, func(*Mapping) bool { n++; return true })
 	return n
 }
 
-// mappingAt returns the mapping that contains ptr.
-func (l *Ledger) mappingAt(ptr vmm.DevicePtr) (Mapping, bool) {
-	var m Mapping
-	found := false
-	l.maps.DescendLessOrEqual(Mapping{Ptr: ptr}, func(x Mapping) bool {
-		m, found = x, true
+// mappingAt returns the mapping that contains ptr, or nil.
+func (l *Ledger) mappingAt(ptr vmm.DevicePtr) *Mapping {
+	var m *Mapping
+	lo, _ := l.keys(ptr, 0)
+	l.maps.DescendLessOrEqual(lo, func(x *Mapping) bool {
+		m = x
 		return false
 	})
-	if !found || ptr >= m.end() {
-		return Mapping{}, false
+	if m == nil || ptr >= m.end() {
+		return nil
 	}
-	return m, true
+	return m
 }

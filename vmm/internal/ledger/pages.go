@@ -76,12 +76,12 @@ func (l *Ledger) BeginMap(ptr vmm.DevicePtr, size uint64, h vmm.Handle, offset u
 	if offset != 0 || size != p.Size {
 		return Mapping{}, fmt.Errorf("mapping %v: %d bytes from offset %d of a %d-byte page: only whole pages can be mapped (CUDA requires it): %w", ptr, size, offset, p.Size, vmm.ErrNotSupported)
 	}
-	m := Mapping{Ptr: ptr, Size: size, Handle: h, Offset: offset, Device: p.Device}
+	m := &Mapping{Ptr: ptr, Size: size, Handle: h, Offset: offset, Device: p.Device}
 	l.maps.ReplaceOrInsert(m)
 	p.maps++
 	l.usage.Mappings++
 	l.usage.MappedBytes += size
-	return m, nil
+	return *m, nil
 }
 
 // UndoMap removes a mapping BeginMap recorded.
@@ -92,7 +92,8 @@ func (l *Ledger) UndoMap(m Mapping) {
 }
 
 func (l *Ledger) dropMapping(m Mapping) {
-	if _, ok := l.maps.Delete(m); !ok {
+	key, _ := l.keys(m.Ptr, 0)
+	if _, ok := l.maps.Delete(key); !ok {
 		return
 	}
 	if p, ok := l.pages[m.Handle]; ok {
@@ -104,14 +105,15 @@ func (l *Ledger) dropMapping(m Mapping) {
 
 // covering returns the mappings that exactly and contiguously cover
 // [ptr, ptr+size).
-func (l *Ledger) covering(what string, ptr vmm.DevicePtr, size uint64) ([]Mapping, error) {
+func (l *Ledger) covering(what string, ptr vmm.DevicePtr, size uint64) ([]*Mapping, error) {
 	if err := l.checkAligned(what, ptr, size); err != nil {
 		return nil, err
 	}
 	end := ptr.Add(size)
-	var ms []Mapping
+	var ms []*Mapping
 	next := ptr
-	l.maps.AscendRange(Mapping{Ptr: ptr}, Mapping{Ptr: end}, func(m Mapping) bool {
+	lo, hi := l.keys(ptr, end)
+	l.maps.AscendRange(lo, hi, func(m *Mapping) bool {
 		if m.Ptr != next {
 			return false
 		}
@@ -137,10 +139,12 @@ func (l *Ledger) BeginUnmap(ptr vmm.DevicePtr, size uint64) ([]Mapping, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, m := range ms {
-		l.dropMapping(m)
+	out := make([]Mapping, len(ms))
+	for i, m := range ms {
+		out[i] = *m
+		l.dropMapping(*m)
 	}
-	return ms, nil
+	return out, nil
 }
 
 // UndoUnmap puts back mappings BeginUnmap removed (those the backend failed
@@ -149,7 +153,7 @@ func (l *Ledger) UndoUnmap(ms []Mapping) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, m := range ms {
-		l.maps.ReplaceOrInsert(m)
+		l.maps.ReplaceOrInsert(&m)
 		if p, ok := l.pages[m.Handle]; ok {
 			p.maps++
 		}
@@ -176,23 +180,41 @@ func (l *Ledger) SetAccess(ptr vmm.DevicePtr, size uint64, access []vmm.AccessDe
 	if err != nil {
 		return nil, err
 	}
-	for _, m := range ms {
-		n := m
-		n.Access = mergeAccess(m.Access, access)
-		l.maps.ReplaceOrInsert(n)
+	// The mappings of a run usually share their access: merge once for
+	// each distinct old value, and share the merged slice (never mutated).
+	old := make([]Mapping, len(ms))
+	var lastOld, lastNew []vmm.AccessDesc
+	for i, m := range ms {
+		old[i] = *m
+		if i == 0 || !sameAccess(m.Access, lastOld) {
+			lastOld, lastNew = m.Access, mergeAccess(m.Access, access)
+		}
+		m.Access = lastNew
 	}
-	return ms, nil
+	return old, nil
 }
 
 // UndoAccess restores the access of mappings SetAccess changed.
 func (l *Ledger) UndoAccess(ms []Mapping) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, m := range ms {
-		if _, ok := l.maps.Get(m); ok {
-			l.maps.ReplaceOrInsert(m)
+	for _, o := range ms {
+		if m := l.mappingAt(o.Ptr); m != nil && m.Ptr == o.Ptr {
+			m.Access = o.Access
 		}
 	}
+}
+
+func sameAccess(a, b []vmm.AccessDesc) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 func mergeAccess(old, set []vmm.AccessDesc) []vmm.AccessDesc {
@@ -220,7 +242,10 @@ func mergeAccess(old, set []vmm.AccessDesc) []vmm.AccessDesc {
 func (l *Ledger) Lookup(ptr vmm.DevicePtr) (Mapping, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.mappingAt(ptr)
+	if m := l.mappingAt(ptr); m != nil {
+		return *m, true
+	}
+	return Mapping{}, false
 }
 
 // Accessible reports whether dev may access all of [ptr, ptr+n) with at least
@@ -230,8 +255,8 @@ func (l *Ledger) Accessible(ptr vmm.DevicePtr, n uint64, dev vmm.Device, want vm
 	defer l.mu.Unlock()
 	end := ptr.Add(n)
 	for p := ptr; p < end; {
-		m, ok := l.mappingAt(p)
-		if !ok {
+		m := l.mappingAt(p)
+		if m == nil {
 			return fmt.Errorf("address %v is not mapped: %w", p, vmm.ErrInvalid)
 		}
 		granted := vmm.AccessNone

@@ -1,0 +1,76 @@
+package expandable
+
+import (
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/cuda"
+)
+
+// benchDriver is the backend of the *Driver benchmarks: CUDA when
+// XSEG_BENCH_BACKEND=cuda (the GPU machine), else the host backend.
+func benchDriver(b *testing.B) vmm.Driver {
+	if os.Getenv("XSEG_BENCH_BACKEND") != "cuda" {
+		return hostDriver(b, 0)
+	}
+	d, err := cuda.Open()
+	require.NoError(b, err)
+	b.Cleanup(func() { require.NoError(b, d.Close()) })
+	return d
+}
+
+// BenchmarkAllocFreeCachedDriver is BenchmarkAllocFreeCached over the
+// benchmark backend: on a warm cache no driver call is made, so the figure
+// is the allocator's own cost on that machine's CPU.
+func BenchmarkAllocFreeCachedDriver(b *testing.B) {
+	a := newAlloc(b, benchDriver(b), DefaultConfig())
+	warm(b, a, 0)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		p, err := a.Alloc(benchSizes[i%len(benchSizes)], 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := a.Free(p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchGrowTimed times only the Alloc that maps pages fresh pages (created,
+// mapped, one set-access for the run); freeing and giving the pages back
+// happen with the timer stopped. It reports microseconds per grow and per
+// page.
+func benchGrowTimed(b *testing.B, pages uint64) {
+	cfg := DefaultConfig()
+	cfg.PageCacheBytes = 0
+	a := newAlloc(b, benchDriver(b), cfg)
+	size := pages * cfg.LargePageSize
+	b.ResetTimer()
+	for b.Loop() {
+		p, err := a.Alloc(size, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		require.NoError(b, a.Free(p))
+		require.NoError(b, a.EmptyCache())
+		b.StartTimer()
+	}
+	st := a.Stats()
+	require.Equal(b, int64(b.N)*int64(pages), st.Maps)
+	require.Equal(b, int64(b.N), st.SetAccessCalls)
+	per := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	b.ReportMetric(per/1e3, "us/grow")
+	b.ReportMetric(per/1e3/float64(pages), "us/page")
+}
+
+// BenchmarkGrowDriver1Page grows by one 20 MiB page.
+func BenchmarkGrowDriver1Page(b *testing.B) { benchGrowTimed(b, 1) }
+
+// BenchmarkGrowDriver64Pages grows by a run of 64 20 MiB pages.
+func BenchmarkGrowDriver64Pages(b *testing.B) { benchGrowTimed(b, 64) }

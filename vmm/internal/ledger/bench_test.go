@@ -1,0 +1,62 @@
+package ledger_test
+
+import (
+	"testing"
+
+	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/internal/ledger"
+)
+
+// BenchmarkPageCycle is the ledger's share of growing and shrinking by one
+// page: add a page, map it, grant access, unmap, release. The reservation
+// already holds 1000 mapped pages, as a warm allocator's would.
+func BenchmarkPageCycle(b *testing.B) {
+	l := ledger.New(G)
+	l.AddRange(base, 2048*G)
+	for i := uint64(0); i < 1000; i++ {
+		h := vmm.Handle(1000 + i)
+		l.AddPage(h, 0, G, vmm.HandleNone)
+		if _, err := l.BeginMap(at(i), G, h, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		l.AddPage(1, 0, G, vmm.HandleNone)
+		if _, err := l.BeginMap(at(1500), G, 1, 0); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := l.SetAccess(at(1500), G, vmm.ReadWrite(0)); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := l.BeginUnmap(at(1500), G); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := l.BeginRelease(1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSetAccessRun64 grants access over a run of 64 fresh mappings.
+func BenchmarkSetAccessRun64(b *testing.B) {
+	l := ledger.New(G)
+	l.AddRange(base, 2048*G)
+	for i := uint64(0); i < 64; i++ {
+		l.AddPage(vmm.Handle(1+i), 0, G, vmm.HandleNone)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		for i := uint64(0); i < 64; i++ {
+			if _, err := l.BeginMap(at(i), G, vmm.Handle(1+i), 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := l.SetAccess(base, 64*G, vmm.ReadWrite(0)); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := l.BeginUnmap(base, 64*G); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
