@@ -15,8 +15,8 @@ import (
 
 // model is the shadow of an allocator: the live blocks it handed out.
 type model struct {
-	live             map[vmm.DevicePtr]uint64 // ptr -> requested size
-	allocated, bytes int64
+	live  map[vmm.DevicePtr]uint64 // ptr -> requested size
+	bytes int64                    // requested bytes of the live blocks
 }
 
 // check compares the allocator with the model: live blocks do not overlap,

@@ -13,6 +13,11 @@
 // spelled xsegGo... that takes and returns integers only, so that no Go
 // frame ever holds a C pointer value (a stream handle of 0x1 or 0x2 would
 // look like a bad pointer to the Go runtime) and no Go pointer reaches C.
+// throw.cc adds xseg_malloc_or_throw, which PyTorch is given instead of
+// xseg_malloc: PyTorch does not check a NULL from a pluggable allocator (it
+// hands out a tensor at address 0), but it turns a C++ exception into a
+// Python RuntimeError. Built with CGO_ENABLED=0 the package is a command
+// that only says how to build it.
 //
 // # Lifetime
 //

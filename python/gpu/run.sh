@@ -2,7 +2,7 @@
 # Runs on the GPU machine, from anywhere in the repository, with the library
 # built beforehand on a machine with Go:
 #   CGO_ENABLED=1 go build -buildmode=c-shared -o .gpu-lib/libxseg.so ./cmd/libxseg
-#   cp -r ../shared/traces ../shared/tools/torch_* .gpu-lib/   (tools/ and traces/ flattened)
+#   cp ../shared/tools/torch_* ../shared/traces/*.gz .gpu-lib/
 # It runs: the GPT-2 comparison (native / expandable / xseg), the two-stream
 # race with and without record_stream routing, the C latency program beside
 # PyTorch's own (tools/torch_latency.cpp), and the replays of both traces

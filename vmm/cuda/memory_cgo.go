@@ -284,7 +284,7 @@ func (d *Driver) recordImport(h vmm.Handle, came vmm.HandleType) error {
 		var s *device
 		if s, err = d.device(dev); err == nil {
 			bound := s.total &^ (d.books.Granularity() - 1)
-			d.books.AddPage(h, dev, bound, types|came)
+			d.books.AddImportedPage(h, dev, bound, types|came)
 			return nil
 		}
 	} else {

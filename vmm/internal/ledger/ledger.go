@@ -30,6 +30,10 @@ type Page struct {
 	Size   uint64
 	Types  vmm.HandleType
 	maps   int // live mappings of this page
+	// bound: Size is only an upper bound (an imported page whose size the
+	// driver does not report); mappings from offset 0 up to Size pass the
+	// books and the driver checks the real size.
+	bound bool
 }
 
 // Mapping is a live mapping of part of a page into a reserved range.

@@ -320,3 +320,21 @@ func TestBeginMapRace(t *testing.T) {
 	wg.Wait()
 	require.Len(t, wins, 1)
 }
+
+// An imported page's size is only bounded: it maps from offset 0 with any
+// size up to the bound, and nothing else.
+func TestImportedPageBound(t *testing.T) {
+	l := ledger.New(G)
+	l.AddRange(base, 8*G)
+	l.AddImportedPage(7, 0, 8*G, vmm.HandlePosixFD)
+	_, err := l.BeginMap(at(0), 2*G, 7, G)
+	require.ErrorIs(t, err, vmm.ErrNotSupported, "an offset")
+	m, err := l.BeginMap(at(0), 2*G, 7, 0)
+	require.NoError(t, err, "a size below the bound")
+	l.UndoMap(m)
+	p, err := l.BeginRelease(7)
+	require.NoError(t, err)
+	l.UndoRelease(p)
+	_, err = l.BeginMap(at(0), 3*G, 7, 0)
+	require.NoError(t, err, "the bound survives a failed release")
+}

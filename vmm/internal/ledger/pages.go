@@ -15,6 +15,18 @@ func (l *Ledger) AddPage(h vmm.Handle, dev vmm.Device, size uint64, types vmm.Ha
 	l.usage.HandleBytes += size
 }
 
+// AddImportedPage records a page imported from a shareable handle whose
+// size the backend cannot learn: bound is an upper bound of it (the device's
+// memory). Such a page may be mapped from offset 0 with any size up to
+// bound; the driver refuses a size that is not the page's.
+func (l *Ledger) AddImportedPage(h vmm.Handle, dev vmm.Device, bound uint64, types vmm.HandleType) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pages[h] = &Page{Handle: h, Device: dev, Size: bound, Types: types, bound: true}
+	l.usage.Handles++
+	l.usage.HandleBytes += bound
+}
+
 // Page returns a copy of the live page h.
 func (l *Ledger) Page(h vmm.Handle) (Page, error) {
 	l.mu.Lock()
@@ -45,7 +57,13 @@ func (l *Ledger) BeginRelease(h vmm.Handle) (Page, error) {
 }
 
 // UndoRelease puts back a page BeginRelease removed.
-func (l *Ledger) UndoRelease(p Page) { l.AddPage(p.Handle, p.Device, p.Size, p.Types) }
+func (l *Ledger) UndoRelease(p Page) {
+	if p.bound {
+		l.AddImportedPage(p.Handle, p.Device, p.Size, p.Types)
+		return
+	}
+	l.AddPage(p.Handle, p.Device, p.Size, p.Types)
+}
 
 // BeginMap checks a Map call and records the mapping: [ptr, ptr+size) is
 // aligned, inside one reservation, overlaps no mapping, and [offset,
@@ -73,7 +91,7 @@ func (l *Ledger) BeginMap(ptr vmm.DevicePtr, size uint64, h vmm.Handle, offset u
 	if n := l.mappingsIn(ptr, end); n > 0 {
 		return Mapping{}, fmt.Errorf("mapping %v+%d: overlaps %d existing mappings: %w", ptr, size, n, vmm.ErrInvalid)
 	}
-	if offset != 0 || size != p.Size {
+	if offset != 0 || (size != p.Size && !p.bound) {
 		return Mapping{}, fmt.Errorf("mapping %v: %d bytes from offset %d of a %d-byte page: only whole pages can be mapped (CUDA requires it): %w", ptr, size, offset, p.Size, vmm.ErrNotSupported)
 	}
 	m := &Mapping{Ptr: ptr, Size: size, Handle: h, Offset: offset, Device: p.Device}
