@@ -103,12 +103,16 @@ func (s *state) popExact(size uint64) *block {
 	return b
 }
 
-// isolated reports whether no free block or hole lies next to b: eager
-// coalescing would have left b as it is, so handing it out is what best
-// fit over coalesced blocks would do too.
+// isolated reports whether no coalesced free block or hole lies next to
+// b. Neighbours that are themselves parked in exact-size lists do not
+// count: they were freed as blocks of their own sizes, and handing b out
+// again at its old place recreates the layout they were freed from (the
+// loop of a training step, or of torch_latency.cpp, frees a run of
+// adjacent blocks and asks for the same sizes again).
 func isolated(b *block) bool {
-	return (b.prev == nil || b.prev.state != stFree) &&
-		(b.next == nil || (b.next.state != stFree && b.next.state != stUnmapped))
+	return (b.prev == nil || b.prev.state != stFree || b.prev.inExact) &&
+		(b.next == nil || b.next.state == stAllocated || b.next.state == stPending ||
+			(b.next.state == stFree && b.next.inExact))
 }
 
 // pushExact parks a free block in its exact-size list.
