@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/xseg-dev/xseg/expandable"
+	"github.com/xseg-dev/xseg/fallback"
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/cuda"
 	"github.com/xseg-dev/xseg/vmm/host"
@@ -51,10 +52,11 @@ func openHost(capacity uint64) (vmm.Driver, error) {
 	return d, nil
 }
 
-// Open makes an allocator as o says. The allocator closes the driver on
-// Close if Open opened it. The fallback allocator (for devices without
-// virtual memory management) is not there yet: asking for it, or "auto"
-// on such a device, fails with an error matching vmm.ErrNotSupported.
+// Open makes an allocator as o says: on the backend o.Backend names (auto:
+// CUDA if a driver and device are there, else the host backend), the
+// allocator ChooseAllocator picks for o.Device (auto: expandable where the
+// device supports virtual memory management, fallback where it does not).
+// The allocator closes the driver on Close if Open opened it.
 func Open(o Options) (Allocator, error) {
 	cfg, err := o.config()
 	if err != nil {
@@ -92,24 +94,20 @@ func (o Options) config() (Config, error) {
 }
 
 func newAllocator(d vmm.Driver, o Options, cfg Config) (Allocator, error) {
-	switch o.Allocator {
-	case "", "auto", "expandable":
-		info, err := d.DeviceInfo(o.Device)
-		if err != nil {
-			return nil, fmt.Errorf("xseg: device %d: %w", o.Device, err)
-		}
-		if !info.VMM {
-			return nil, fmt.Errorf("xseg: device %d has no virtual memory management and the fallback allocator is not implemented yet: %w", o.Device, vmm.ErrNotSupported)
-		}
-		a, err := expandable.New(d, o.Device, cfg, o.Logger)
-		if err != nil {
-			return nil, fmt.Errorf("xseg: %w", err)
-		}
-		return a, nil
-	case "fallback":
-		return nil, fmt.Errorf("xseg: the fallback allocator is not implemented yet: %w", vmm.ErrNotSupported)
+	c, err := ChooseAllocator(d, o.Device, o.Allocator)
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("xseg: unknown allocator %q (want auto, expandable or fallback): %w", o.Allocator, vmm.ErrInvalid)
+	var a Allocator
+	if c.Allocator == "fallback" {
+		a, err = fallback.New(d, o.Device, cfg, o.Logger)
+	} else {
+		a, err = expandable.New(d, o.Device, cfg, o.Logger)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("xseg: %w", err)
+	}
+	return a, nil
 }
 
 // owning is an allocator that closes the driver Open opened for it.

@@ -32,13 +32,16 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) { return core.Con
 
 // Options say what Open makes. The zero value picks everything
 // automatically: CUDA device 0 if a driver and device are there, else the
-// host backend, and the expandable allocator, configured from the
-// environment.
+// host backend; the expandable allocator where the device supports
+// virtual memory management, else the fallback allocator (see
+// ChooseAllocator); the configuration from the environment.
 type Options struct {
 	// Backend is "auto" (or ""), "host" or "cuda". Ignored when Driver is
 	// set.
 	Backend string
-	// Allocator is "auto" (or ""), "expandable" or "fallback".
+	// Allocator is "auto" (or ""), "expandable" or "fallback"; any
+	// allocator can be forced on any backend, except expandable on a
+	// device without VMM (vmm.ErrNotSupported).
 	Allocator string
 	// Driver, if set, is used instead of opening one; the allocator does
 	// not close it.

@@ -15,9 +15,10 @@ type Config = core.Config
 // implements xseg.Allocator and is safe for concurrent use by multiple
 // goroutines.
 type Allocator struct {
-	heap *core.Heap
-	d    vmm.Driver
-	dev  vmm.Device
+	heap  *core.Heap
+	d     vmm.Driver
+	dev   vmm.Device
+	pages *pages // the Backing, for peer access (peer.go)
 }
 
 // New makes an allocator for device dev of d. The device must support VMM
@@ -49,7 +50,7 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 	if err != nil {
 		return nil, fmt.Errorf("expandable: %w", err)
 	}
-	return &Allocator{heap: h, d: d, dev: dev}, nil
+	return &Allocator{heap: h, d: d, dev: dev, pages: p}, nil
 }
 
 // Device is the device the allocator hands out memory of.

@@ -3,6 +3,7 @@ package expandable
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/xseg-dev/xseg/internal/core"
 	"github.com/xseg-dev/xseg/vmm"
@@ -11,17 +12,34 @@ import (
 // pages is the core.Backing of the expandable allocator: one reserved range
 // per segment, physical pages mapped into it one handle per page, and a
 // bounded cache of unmapped pages per pool. The Heap calls it with its lock
-// held, so it has no lock of its own.
+// held, which guards the cache. What peer access needs (the mapped pages
+// of every segment and the access list) is guarded by mu as well, because
+// EnablePeerAccess walks it without the Heap's lock; the lock order is the
+// Heap's lock, then mu.
 type pages struct {
 	d     vmm.Driver
 	dev   vmm.Device
 	cfg   core.Config
-	total uint64         // the device's memory: the size of a reservation
-	types vmm.HandleType // what new pages can be exported as
-	rw    []vmm.AccessDesc
+	total uint64           // the device's memory: the size of a reservation
+	types vmm.HandleType   // what new pages can be exported as
+	rw    []vmm.AccessDesc // the owner's access: read-write for dev
 
 	cache      [2][]vmm.Handle // unmapped pages kept for reuse, by pool
 	cacheBytes [2]uint64
+
+	mu struct {
+		sync.Mutex
+		// peers are the devices granted read-write access to every
+		// mapped page (EnablePeerAccess), in the order enabled.
+		peers []vmm.Device
+		// access is what Map grants a new run: rw and every peer's
+		// read-write access; nil while there are no peers.
+		access []vmm.AccessDesc
+		segs   map[*core.Seg]struct{} // live segments
+		// imported are mappings made by an importer (package ipc) that
+		// peers must reach too: address -> size.
+		imported map[vmm.DevicePtr]uint64
+	}
 }
 
 // segPages is a segment's own state: the handle behind each mapped page,
@@ -50,18 +68,42 @@ func (p *pages) NewSegment(seg *core.Seg, size uint64, _ *core.Stats) error {
 	}
 	seg.Base, seg.Size, seg.PageSize = ptr, n, ps
 	seg.Data = &segPages{}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.mu.segs == nil {
+		p.mu.segs = make(map[*core.Seg]struct{})
+	}
+	p.mu.segs[seg] = struct{}{}
 	return nil
 }
 
 // DropSegment gives the reservation back. reserved -> none.
 func (p *pages) DropSegment(seg *core.Seg, _ *core.Stats) error {
-	return p.d.Unreserve(seg.Base, seg.Size)
+	if err := p.d.Unreserve(seg.Base, seg.Size); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.mu.segs, seg)
+	return nil
+}
+
+// accessLocked is the access list of a new run: the owner's and every
+// enabled peer's. p.mu is held.
+func (p *pages) accessLocked() []vmm.AccessDesc {
+	if p.mu.access != nil {
+		return p.mu.access
+	}
+	return p.rw
 }
 
 // Map maps a run of pages, each from the cache or new, with one Map a
-// page and one SetAccess for the run: reserved -> mapped -> accessible. On
+// page and one SetAccess for the run, which grants the owner and every
+// enabled peer read-write access: reserved -> mapped -> accessible. On
 // error it unmaps what it mapped and keeps or releases the pages it took.
 func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stats) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	sp := seg.Data.(*segPages)
 	ps := seg.PageSize
 	first := int(uint64(ptr-seg.Base) / ps)
@@ -83,19 +125,19 @@ func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stat
 		st.Maps++
 	}
 	st.SetAccessCalls++
-	if err := p.d.SetAccess(ptr, size, p.rw); err != nil {
+	if err := p.d.SetAccess(ptr, size, p.accessLocked()); err != nil {
 		err = fmt.Errorf("setting access to %d pages at %v: %w", n, ptr, err)
 		return errors.Join(err, p.unmapRun(seg, ptr, n, st))
 	}
 	return nil
 }
 
-// unmapRun undoes a partial Map of n pages at ptr.
+// unmapRun undoes a partial Map of n pages at ptr. p.mu is held.
 func (p *pages) unmapRun(seg *core.Seg, ptr vmm.DevicePtr, n int, st *core.Stats) error {
 	if n == 0 {
 		return nil
 	}
-	done, err := p.Unmap(seg, ptr, uint64(n)*seg.PageSize, st)
+	done, err := p.unmapLocked(seg, ptr, uint64(n)*seg.PageSize, st)
 	st.Unmaps -= int64(done / seg.PageSize) // an undo, not an unmap of the policy
 	st.Maps -= int64(done / seg.PageSize)
 	if err != nil {
@@ -108,6 +150,13 @@ func (p *pages) unmapRun(seg *core.Seg, ptr vmm.DevicePtr, n int, st *core.Stats
 // each in the cache while it has room, else releases it. It returns the
 // bytes unmapped, a prefix of the run on error.
 func (p *pages) Unmap(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stats) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.unmapLocked(seg, ptr, size, st)
+}
+
+// unmapLocked is Unmap with p.mu held.
+func (p *pages) unmapLocked(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stats) (uint64, error) {
 	sp := seg.Data.(*segPages)
 	ps := seg.PageSize
 	first := int(uint64(ptr-seg.Base) / ps)

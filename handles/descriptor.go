@@ -61,7 +61,8 @@ func (t Token) IsZero() bool { return t == Token{} }
 
 // Limits of the wire format (version 1).
 const (
-	// MinPageSize and MaxPageSize bound Descriptor.PageSize.
+	// MinPageSize and MaxPageSize bound Descriptor.PageSize, which is a
+	// multiple of MinPageSize.
 	MinPageSize = 1 << 12
 	MaxPageSize = 1 << 40
 	// MaxPages bounds Descriptor.PageCount.
@@ -92,7 +93,8 @@ type Descriptor struct {
 	// DeviceUUID is the UUID of the device the pages live on (all zero on
 	// the host backend).
 	DeviceUUID [16]byte
-	// PageSize is the size of every page, a power of two.
+	// PageSize is the size of every page, a multiple of MinPageSize (the
+	// allocator's large pages are 20 MiB: not a power of two).
 	PageSize uint64
 	// PageCount is the number of pages.
 	PageCount int

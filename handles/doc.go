@@ -20,8 +20,8 @@
 //
 // Descriptors arrive from other processes, so ParseDescriptor treats its
 // input as hostile: it checks every length before reading, every count
-// before allocating, every field against the others (page size a power of
-// two, the block inside the pages without overflow, the pages exactly the
+// before allocating, every field against the others (page size a multiple
+// of 4 KiB, the block inside the pages without overflow, the pages exactly the
 // block rounded out, handle counts matching the page count), rejects
 // unknown versions and trailing bytes, and answers every failure with an
 // error wrapping vmm.ErrInvalid. It never panics; FuzzParseDescriptor

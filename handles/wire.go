@@ -157,8 +157,8 @@ func (d *Descriptor) Validate() error {
 	if d.ExporterPID <= 0 || d.ExporterPID > MaxPID {
 		return invalid("exporter pid %d outside 1..%d", d.ExporterPID, MaxPID)
 	}
-	if d.PageSize < MinPageSize || d.PageSize > MaxPageSize || bits.OnesCount64(d.PageSize) != 1 {
-		return invalid("page size %d is not a power of two in %d..%d", d.PageSize, MinPageSize, uint64(MaxPageSize))
+	if d.PageSize < MinPageSize || d.PageSize > MaxPageSize || d.PageSize%MinPageSize != 0 {
+		return invalid("page size %d is not a multiple of %d in %d..%d", d.PageSize, MinPageSize, MinPageSize, uint64(MaxPageSize))
 	}
 	if err := d.validateHandleCount(len(d.PageFDs) + len(d.Fabric)); err != nil {
 		return err

@@ -8,19 +8,9 @@ import (
 	"github.com/xseg-dev/xseg/vmm"
 )
 
-// Pin is the pages behind a block, held for sharing.
-type Pin struct {
-	// Device holds the pages.
-	Device vmm.Device
-	// PageSize is the size of every page.
-	PageSize uint64
-	// Pages are the physical pages the block touches, in address order.
-	Pages []vmm.Handle
-	// Offset and Length place the block inside the pages.
-	Offset, Length uint64
-	// Unpin lets the allocator reuse the pages again. It is called once.
-	Unpin func() error
-}
+// Pin is the pages behind a block, held for sharing (see handles.Pin,
+// where it is defined so that allocators need not import ipc).
+type Pin = handles.Pin
 
 // BlockSource is what an allocator implements so that its blocks can be
 // shared (the expandable allocator is meant to).

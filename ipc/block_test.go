@@ -3,7 +3,9 @@ package ipc
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -42,7 +44,7 @@ func (d *memfdDriver) ExportFabric(h vmm.Handle) (vmm.FabricHandle, error) {
 // pinSource pins a fixed block and counts unpins.
 type pinSource struct {
 	pages  []vmm.Handle
-	unpins int
+	unpins atomic.Int32 // leases end on the exporter's goroutines
 }
 
 func (s *pinSource) PinBlock(ptr vmm.DevicePtr) (Pin, error) {
@@ -50,7 +52,7 @@ func (s *pinSource) PinBlock(ptr vmm.DevicePtr) (Pin, error) {
 		return Pin{}, fmt.Errorf("no block at %v: %w", ptr, vmm.ErrInvalid)
 	}
 	return Pin{PageSize: 4096, Pages: s.pages, Offset: 16, Length: 4096 + 100,
-		Unpin: func() error { s.unpins++; return nil }}, nil
+		Unpin: func() error { s.unpins.Add(1); return nil }}, nil
 }
 
 func TestShareBlock(t *testing.T) {
@@ -78,21 +80,25 @@ func TestShareBlock(t *testing.T) {
 		require.NoError(t, unix.Fstat(r.FDs[i].Int(), &b))
 		require.Equal(t, a.Ino, b.Ino)
 	}
-	require.NoError(t, r.Close())
-	require.Zero(t, src.unpins, "shared pages stay pinned while shared")
+	require.True(t, r.Leased(), "a socket fetch holds a lease")
+	require.Eventually(t, func() bool { return s.Leases() == 1 }, 5*time.Second, time.Millisecond)
 	require.NoError(t, s.Close())
-	require.Equal(t, 1, src.unpins)
+	require.Zero(t, src.unpins.Load(), "a closed share stays pinned while an importer holds a lease")
+	require.NoError(t, r.Close())
+	require.Eventually(t, func() bool { return src.unpins.Load() == 1 }, 5*time.Second, time.Millisecond,
+		"the last lease's end unpins")
+	require.Zero(t, s.Leases())
 
 	src.pages = []vmm.Handle{1, 1}
 	s, err = e.ShareBlock(drv, src, 0x1000)
 	require.NoError(t, err)
 	require.Equal(t, handles.KindFabric, s.Descriptor().Kind)
 	require.NoError(t, s.Close())
-	require.Equal(t, 2, src.unpins)
+	require.EqualValues(t, 2, src.unpins.Load())
 
 	drv.fabric = false
 	src.pages = []vmm.Handle{1, 7}
 	_, err = e.ShareBlock(drv, src, 0x1000)
 	require.ErrorIs(t, err, vmm.ErrInvalid, "export failure unwinds")
-	require.Equal(t, 3, src.unpins, "and unpins")
+	require.EqualValues(t, 3, src.unpins.Load(), "and unpins")
 }

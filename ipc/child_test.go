@@ -60,7 +60,11 @@ func TestHelperChild(t *testing.T) {
 	case "export":
 		err = childExport()
 	default:
-		err = fmt.Errorf("unknown role %q", role)
+		if f := allocRoles[role]; f != nil {
+			err = f()
+		} else {
+			err = fmt.Errorf("unknown role %q", role)
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)

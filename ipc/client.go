@@ -18,47 +18,96 @@ const defaultTimeout = 10 * time.Second
 
 // fetchSocket asks the exporter's socket for the page fds of d. It checks
 // that the socket is served by the exporter's pid (an abstract name can be
-// taken by anyone), and closes whatever it received if anything fails.
-func fetchSocket(ctx context.Context, d *handles.Descriptor) ([]*handles.FD, error) {
+// taken by anyone), and closes whatever it received if anything fails. On
+// success the connection is the importer's lease, for the caller to close
+// when it lets go of the pages.
+func fetchSocket(ctx context.Context, d *handles.Descriptor) ([]*handles.FD, *net.UnixConn, error) {
 	if d.Kind != handles.KindPosixFD {
-		return nil, fmt.Errorf("a %s descriptor has no fds to pass: %w", d.Kind, vmm.ErrNotSupported)
+		return nil, nil, fmt.Errorf("a %s descriptor has no fds to pass: %w", d.Kind, vmm.ErrNotSupported)
 	}
+	conn, count, err := request(ctx, d, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	fds, err := readFDs(conn, count)
+	if err == nil {
+		err = conn.SetDeadline(time.Time{})
+	}
+	if err != nil {
+		_ = handles.CloseAll(fds)
+		_ = conn.Close()
+		return nil, nil, err
+	}
+	return fds, conn, nil
+}
+
+// takeLease asks the exporter's socket for a lease on d's share without
+// fds (the importer fetched them another way). It returns nil, nil when
+// the exporter serves no socket: there is nobody to hold a lease with.
+func takeLease(ctx context.Context, d *handles.Descriptor) (*net.UnixConn, error) {
 	if d.Endpoint == "" {
-		return nil, fmt.Errorf("exporter serves no socket: %w", vmm.ErrNotSupported)
+		return nil, nil
+	}
+	conn, count, err := request(ctx, d, flagLeaseOnly)
+	if err == nil && count != 0 {
+		err = fmt.Errorf("exporter offers %d fds to a lease-only request", count)
+	}
+	if err == nil {
+		err = conn.SetDeadline(time.Time{})
+	}
+	if err != nil {
+		if conn != nil {
+			_ = conn.Close()
+		}
+		return nil, fmt.Errorf("taking a lease on socket %q: %w", d.Endpoint, err)
+	}
+	return conn, nil
+}
+
+// request connects to d's endpoint, checks that the exporter's pid serves
+// it, sends a request with flags and reads the reply. It returns the open
+// connection and the number of fds that follow.
+func request(ctx context.Context, d *handles.Descriptor, flags byte) (*net.UnixConn, int, error) {
+	if d.Endpoint == "" {
+		return nil, 0, fmt.Errorf("exporter serves no socket: %w", vmm.ErrNotSupported)
 	}
 	var dialer net.Dialer
 	c, err := dialer.DialContext(ctx, "unixpacket", d.Endpoint)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	conn := c.(*net.UnixConn)
-	defer conn.Close()
+	count, err := exchange(ctx, conn, d, flags)
+	if err != nil {
+		_ = conn.Close()
+		return nil, 0, err
+	}
+	return conn, count, nil
+}
+
+func exchange(ctx context.Context, conn *net.UnixConn, d *handles.Descriptor, flags byte) (int, error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(defaultTimeout)
 	}
 	if err := conn.SetDeadline(deadline); err != nil {
-		return nil, err
+		return 0, err
 	}
 	cred, err := peerCred(conn)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	if int(cred.Pid) != d.ExporterPID {
-		return nil, fmt.Errorf("socket %q is served by pid %d, not the exporter pid %d: %w", d.Endpoint, cred.Pid, d.ExporterPID, ErrRefused)
+		return 0, fmt.Errorf("socket %q is served by pid %d, not the exporter pid %d: %w", d.Endpoint, cred.Pid, d.ExporterPID, ErrRefused)
 	}
-	if _, err := conn.Write(encodeRequest(d.Token)); err != nil {
-		return nil, fmt.Errorf("sending request: %w", err)
+	if _, err := conn.Write(encodeRequest(d.Token, flags)); err != nil {
+		return 0, fmt.Errorf("sending request: %w", err)
 	}
-	count, err := readReply(conn, d)
-	if err != nil {
-		return nil, err
-	}
-	return readFDs(conn, count)
+	return readReply(conn, d, flags&flagLeaseOnly != 0)
 }
 
 // readReply reads the reply header and turns a refusal into an error.
-func readReply(conn *net.UnixConn, d *handles.Descriptor) (int, error) {
+func readReply(conn *net.UnixConn, d *handles.Descriptor, leaseOnly bool) (int, error) {
 	buf := make([]byte, replyHeader+maxMessage+1)
 	n, stray, err := recvMsg(conn, buf)
 	closeRaw(stray)
@@ -74,6 +123,8 @@ func readReply(conn *net.UnixConn, d *handles.Descriptor) (int, error) {
 		return 0, err
 	case status != statusOK:
 		return 0, fmt.Errorf("exporter pid %d said %q: %w", d.ExporterPID, msg, ErrRefused)
+	case leaseOnly:
+		return count, nil
 	case count != d.PageCount:
 		return 0, fmt.Errorf("exporter offers %d fds for %d pages", count, d.PageCount)
 	}

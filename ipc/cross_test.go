@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -123,8 +124,14 @@ func TestRefusedPeerAndServerKeepsServing(t *testing.T) {
 	require.Contains(t, rep["err"], "socket: exporter pid")
 	require.Contains(t, rep["err"], "uid 65534 is not allowed")
 
+	// The exporter reports after its reply is on the wire: the child may
+	// have exited first.
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(reported) == 1
+	}, 5*time.Second, 5*time.Millisecond)
 	mu.Lock()
-	require.Len(t, reported, 1)
 	require.ErrorIs(t, reported[0], ErrRefused)
 	mu.Unlock()
 

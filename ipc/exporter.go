@@ -167,14 +167,22 @@ func (e *Exporter) accept() {
 			return
 		}
 		e.wg.Add(1)
-		go func() {
-			defer e.wg.Done()
-			defer func() { <-sem }()
-			defer e.untrack(c)
-			if err := e.serve(c); err != nil {
-				e.report(err)
-			}
-		}()
+		go e.handle(c, sem)
+	}
+}
+
+// handle serves one connection: the exchange, bounded by sem, then the
+// importer's lease, which is not.
+func (e *Exporter) handle(c *net.UnixConn, sem chan struct{}) {
+	defer e.wg.Done()
+	defer e.untrack(c)
+	s, err := e.serve(c)
+	<-sem
+	if err == nil {
+		err = e.holdLease(c, s)
+	}
+	if err != nil {
+		e.report(err)
 	}
 }
 

@@ -83,7 +83,9 @@ func TestWrongTokenRefused(t *testing.T) {
 	_, err := Fetch(context.Background(), d, FetchOptions{Transports: []Transport{TransportSocket}})
 	require.ErrorIs(t, err, ErrRefused)
 	require.ErrorContains(t, err, "no live share has this token")
-	require.Len(t, reported(), 1)
+	// The exporter reports after its reply is on the wire, so the client
+	// can return first.
+	require.Eventually(t, func() bool { return len(reported()) == 1 }, 5*time.Second, 5*time.Millisecond)
 	require.ErrorIs(t, reported()[0], ErrRefused)
 
 	r, err := Fetch(context.Background(), s.Descriptor(), FetchOptions{Transports: []Transport{TransportSocket}})

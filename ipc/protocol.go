@@ -10,25 +10,38 @@ import (
 	"github.com/xseg-dev/xseg/handles"
 )
 
-// The socket protocol, version 1, over a SOCK_SEQPACKET Unix socket (so
+// The socket protocol, version 2, over a SOCK_SEQPACKET Unix socket (so
 // message boundaries hold and fds stay with their message):
 //
-//	importer -> exporter  request: "XSRQ" version(1) token(16)
-//	exporter -> importer  reply:   "XSRS" version(1) status(1) count(u32) n(u16) message(n)
+//	importer -> exporter  request: "XSRQ" version(2) flags(1) token(16)
+//	exporter -> importer  reply:   "XSRS" version(2) status(1) count(u32) n(u16) message(n)
 //	exporter -> importer  count fds in batches of at most maxBatch, each a
 //	                      message "XSRB" index(u32) with the fds as SCM_RIGHTS
 //
 // Integers are little endian. A refusal is a reply with a non-zero status
-// and a message saying why; the exporter then closes the connection.
+// and a message saying why; the exporter then closes the connection. The
+// flag flagLeaseOnly asks for no fds (count 0): an importer that fetched
+// the fds with pidfd_getfd takes its lease that way.
+//
+// After a successful exchange the connection is the importer's lease on
+// the share: the exporter keeps the share's pages pinned until the
+// importer closes it, or dies and the kernel closes it. Neither side sends
+// anything more.
 const (
-	protoVersion = 1
-	requestSize  = 4 + 1 + 16
+	protoVersion = 2
+	requestSize  = 4 + 1 + 1 + 16
 	replyHeader  = 4 + 1 + 1 + 4 + 2
 	batchSize    = 4 + 4
 	maxMessage   = 512
 	// maxBatch is the most fds one message carries: the kernel's
 	// SCM_MAX_FD is 253.
 	maxBatch = 253
+)
+
+// flags of a request.
+const (
+	flagLeaseOnly byte = 1 << iota
+	knownFlags         = flagLeaseOnly
 )
 
 // status of a reply.
@@ -39,18 +52,18 @@ const (
 	statusBadRequest
 )
 
-func encodeRequest(tok handles.Token) []byte {
-	b := append([]byte("XSRQ"), protoVersion)
+func encodeRequest(tok handles.Token, flags byte) []byte {
+	b := append([]byte("XSRQ"), protoVersion, flags)
 	return append(b, tok[:]...)
 }
 
-func decodeRequest(b []byte) (handles.Token, error) {
+func decodeRequest(b []byte) (handles.Token, byte, error) {
 	var tok handles.Token
-	if len(b) != requestSize || string(b[:4]) != "XSRQ" || b[4] != protoVersion {
-		return tok, fmt.Errorf("malformed request of %d bytes", len(b))
+	if len(b) != requestSize || string(b[:4]) != "XSRQ" || b[4] != protoVersion || b[5]&^knownFlags != 0 {
+		return tok, 0, fmt.Errorf("malformed request of %d bytes", len(b))
 	}
-	copy(tok[:], b[5:])
-	return tok, nil
+	copy(tok[:], b[6:])
+	return tok, b[5], nil
 }
 
 func encodeReply(status byte, count int, msg string) []byte {

@@ -11,14 +11,16 @@ import (
 )
 
 // serve answers one importer: read its request, check its credentials
-// against the policy, find the share by its token, pass the fds.
-func (e *Exporter) serve(c *net.UnixConn) error {
+// against the policy, find the share by its token, pass the fds (none for
+// a lease-only request). On success the importer holds a lease on the
+// returned share, which the caller must end with Share.dropLease.
+func (e *Exporter) serve(c *net.UnixConn) (*Share, error) {
 	if err := c.SetDeadline(time.Now().Add(e.opts.Timeout)); err != nil {
-		return err
+		return nil, err
 	}
 	cred, err := peerCred(c)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Read the request before answering, so a refusal does not race the
 	// importer's write.
@@ -26,26 +28,41 @@ func (e *Exporter) serve(c *net.UnixConn) error {
 	n, stray, err := recvMsg(c, buf)
 	closeRaw(stray)
 	if err != nil {
-		return fmt.Errorf("reading request of pid %d: %w", cred.Pid, err)
+		return nil, fmt.Errorf("reading request of pid %d: %w", cred.Pid, err)
 	}
 	if err := e.opts.Policy.check(e.uid, cred); err != nil {
 		_, _ = c.Write(encodeReply(statusRefused, 0, err.Error()))
-		return err
+		return nil, err
 	}
-	tok, err := decodeRequest(buf[:n])
+	tok, flags, err := decodeRequest(buf[:n])
 	if err != nil || len(stray) != 0 {
 		_, _ = c.Write(encodeReply(statusBadRequest, 0, "malformed request"))
-		return fmt.Errorf("request of pid %d: malformed (%d bytes, %d fds)", cred.Pid, n, len(stray))
+		return nil, fmt.Errorf("request of pid %d: malformed (%d bytes, %d fds)", cred.Pid, n, len(stray))
 	}
 	s := e.lookup(tok)
 	if s == nil {
 		_, _ = c.Write(encodeReply(statusUnknownShare, 0, "no live share has this token"))
-		return fmt.Errorf("request of pid %d uid %d: no live share has its token: %w", cred.Pid, cred.Uid, ErrRefused)
+		return nil, fmt.Errorf("request of pid %d uid %d: no live share has its token: %w", cred.Pid, cred.Uid, ErrRefused)
 	}
-	if err := s.send(c, e.opts.batch); err != nil {
-		return fmt.Errorf("passing fds to pid %d: %w", cred.Pid, err)
+	if err := s.send(c, e.opts.batch, flags&flagLeaseOnly != 0); err != nil {
+		return nil, fmt.Errorf("passing fds to pid %d: %w", cred.Pid, err)
 	}
-	return nil
+	return s, nil
+}
+
+// holdLease keeps the lease of an importer on s until the importer closes
+// its end of c (or dies) or the exporter closes c, then ends it.
+func (e *Exporter) holdLease(c *net.UnixConn, s *Share) error {
+	defer s.dropLease()
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		return fmt.Errorf("holding a lease: %w", err)
+	}
+	buf := make([]byte, 64)
+	for {
+		if _, err := c.Read(buf); err != nil {
+			return nil // EOF, reset, or closed by Close: the lease ends
+		}
+	}
 }
 
 // lookup finds the share with token tok, comparing every token in
@@ -62,18 +79,21 @@ func (e *Exporter) lookup(tok handles.Token) *Share {
 	return found
 }
 
-// send passes the share's fds in batches. It holds the share's read lock so
-// Close cannot close the fds under it.
-func (s *Share) send(c *net.UnixConn, batch int) error {
+// send passes the share's fds in batches (none if leaseOnly) and takes a
+// lease for the importer. It holds the share's read lock so Close cannot
+// close the fds under it; on failure it takes no lease.
+func (s *Share) send(c *net.UnixConn, batch int, leaseOnly bool) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.mu.closed {
 		_, _ = c.Write(encodeReply(statusUnknownShare, 0, "share closed"))
 		return fmt.Errorf("share closed: %w", ErrRefused)
 	}
-	raws := make([]int, len(s.mu.fds))
-	for i, fd := range s.mu.fds {
-		raws[i] = fd.Int()
+	raws := make([]int, 0, len(s.mu.fds))
+	for _, fd := range s.mu.fds {
+		if !leaseOnly {
+			raws = append(raws, fd.Int())
+		}
 	}
 	if _, err := c.Write(encodeReply(statusOK, len(raws), "")); err != nil {
 		return err
@@ -84,5 +104,6 @@ func (s *Share) send(c *net.UnixConn, batch int) error {
 			return fmt.Errorf("batch %d of %d fds: %w", i, len(part), err)
 		}
 	}
+	s.leases.Add(1) // under the read lock: Close cannot miss it
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/vmm"
@@ -14,7 +15,7 @@ import (
 type Extent struct {
 	// DeviceUUID is the device the pages live on (zero for host memory).
 	DeviceUUID [16]byte
-	// PageSize is the size of every page, a power of two.
+	// PageSize is the size of every page, a multiple of 4 KiB.
 	PageSize uint64
 	// Offset and Length place the block inside the pages; the pages must
 	// be exactly the block rounded out to pages.
@@ -24,15 +25,25 @@ type Extent struct {
 // A Share is one range shared by an Exporter. It owns the page fds it
 // serves (posix-fd kind) and keeps them open, at the fd numbers its
 // descriptor names, until Close. It is safe for concurrent use.
+//
+// Every importer served through the socket holds a lease on the share for
+// as long as it keeps its connection (ipc.Open keeps it until the mapping
+// closes; the kernel closes it when the importer dies). The share's
+// release (an allocator's unpin) runs once the share is closed and no
+// lease is left. Importers that fetched by pidfd from an exporter without
+// a socket, and fabric importers, take no lease: for them the share's
+// Close is the exporter's word that they have let go.
 type Share struct {
-	e    *Exporter
-	desc handles.Descriptor
+	e      *Exporter
+	desc   handles.Descriptor
+	leases atomic.Int32 // grows under mu's read lock, shrinks under its lock
 
 	mu struct {
 		sync.RWMutex
-		closed  bool
-		fds     []*handles.FD
-		release func() error
+		closed   bool
+		released bool
+		fds      []*handles.FD
+		release  func() error
 	}
 }
 
@@ -108,9 +119,12 @@ func (s *Share) Descriptor() *handles.Descriptor {
 // caller hands to importers any way it likes.
 func (s *Share) MarshalBinary() ([]byte, error) { return s.desc.MarshalBinary() }
 
-// Close stops serving the share, closes its fds and calls its release.
-// Importers keep what they already fetched; new fetches fail. Close is
-// idempotent.
+// Leases is the number of importers holding a lease on the share now.
+func (s *Share) Leases() int { return int(s.leases.Load()) }
+
+// Close stops serving the share and closes its fds. Its release runs now
+// if no importer holds a lease, else when the last lease ends. Importers
+// keep what they already fetched; new fetches fail. Close is idempotent.
 func (s *Share) Close() error {
 	s.e.mu.Lock()
 	delete(s.e.mu.shares, s)
@@ -122,8 +136,28 @@ func (s *Share) Close() error {
 	}
 	s.mu.closed = true
 	err := handles.CloseAll(s.mu.fds)
-	if s.mu.release != nil {
-		err = errors.Join(err, s.mu.release())
+	if s.leases.Load() == 0 {
+		err = errors.Join(err, s.releaseLocked())
 	}
 	return err
+}
+
+// dropLease ends one importer's lease and runs the release if it was the
+// last one of a closed share. An error of that release goes to OnError.
+func (s *Share) dropLease() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.leases.Add(-1) == 0 && s.mu.closed {
+		if err := s.releaseLocked(); err != nil {
+			s.e.report(fmt.Errorf("releasing pages after the last lease ended: %w", err))
+		}
+	}
+}
+
+func (s *Share) releaseLocked() error {
+	if s.mu.released || s.mu.release == nil {
+		return nil
+	}
+	s.mu.released = true
+	return s.mu.release()
 }

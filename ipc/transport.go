@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/vmm"
@@ -62,10 +63,34 @@ type Received struct {
 	// Fabric are the pages' fabric handles (fabric kind); the importer
 	// passes them to vmm.Driver.ImportFabric.
 	Fabric []handles.Fabric
+
+	// lease is the connection to the exporter's socket that keeps the
+	// share pinned there; nil when the exporter serves no socket.
+	lease *net.UnixConn
 }
 
-// Close closes every FD still held. It is idempotent.
-func (r *Received) Close() error { return handles.CloseAll(r.FDs) }
+// Leased reports whether r holds a lease on the exporter's share: the
+// exporter keeps the pages out of reuse until r's Close (or this process's
+// death). Without one (an exporter without a socket, fabric handles) the
+// exporter's own Share.Close decides.
+func (r *Received) Leased() bool { return r.lease != nil }
+
+// Close closes every FD still held and ends the lease. It is idempotent.
+func (r *Received) Close() error { return errors.Join(handles.CloseAll(r.FDs), r.EndLease()) }
+
+// EndLease ends r's lease, if it holds one, leaving its FDs open. It is
+// idempotent.
+func (r *Received) EndLease() error {
+	if r.lease == nil {
+		return nil
+	}
+	err := r.lease.Close()
+	r.lease = nil
+	if err != nil {
+		return fmt.Errorf("ending the lease: %w", err)
+	}
+	return nil
+}
 
 // Fetch obtains the pages of d in this process, trying the transports of
 // opts in order. When every transport fails, the error names each one
@@ -100,12 +125,17 @@ func Fetch(ctx context.Context, d *handles.Descriptor, opts FetchOptions) (*Rece
 
 func fetchVia(ctx context.Context, t Transport, d *handles.Descriptor) (*Received, error) {
 	var fds []*handles.FD
+	var lease *net.UnixConn
 	var err error
 	switch t {
 	case TransportPidfd:
-		fds, err = fetchPidfd(d)
+		if fds, err = fetchPidfd(d); err == nil {
+			if lease, err = takeLease(ctx, d); err != nil {
+				err = errors.Join(fmt.Errorf("fetched the fds, but: %w", err), handles.CloseAll(fds))
+			}
+		}
 	case TransportSocket:
-		fds, err = fetchSocket(ctx, d)
+		fds, lease, err = fetchSocket(ctx, d)
 	case TransportFabric:
 		return fetchFabric(d)
 	default:
@@ -114,7 +144,7 @@ func fetchVia(ctx context.Context, t Transport, d *handles.Descriptor) (*Receive
 	if err != nil {
 		return nil, err
 	}
-	return &Received{Via: t, FDs: fds}, nil
+	return &Received{Via: t, FDs: fds, lease: lease}, nil
 }
 
 // fetchFabric is the fabric hook: the handles travel inside the descriptor,

@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import threading
+import weakref
 
 __all__ = [
     "find_library", "load", "install", "installed", "is_installed",
@@ -39,7 +40,7 @@ __all__ = [
     "memory_free", "memory_allocated", "memory_reserved", "peak_memory",
     "max_memory_allocated", "max_memory_reserved", "num_ooms",
     "num_alloc_retries", "empty_cache", "clear_cache", "reset_peak_stats",
-    "snapshot", "last_error", "version",
+    "snapshot", "last_error", "version", "share", "unshare", "open",
 ]
 
 _LIB_NAME = "libxseg.so"
@@ -88,6 +89,11 @@ def _declare(lib):
         "xseg_reset_peak_stats": (c.c_int, [c.c_int]),
         "xseg_configure": (c.c_int, [c.c_char_p]),
         "xseg_set_log_level": (c.c_int, [c.c_char_p]),
+        "xseg_share": (c.c_ssize_t, [c.c_void_p, c.c_int, c.c_void_p, c.c_size_t]),
+        "xseg_unshare": (c.c_int, [c.c_char_p, c.c_size_t]),
+        "xseg_open": (c.c_int64, [c.c_char_p, c.c_size_t, c.c_int,
+                                  c.POINTER(c.c_void_p), c.POINTER(c.c_size_t)]),
+        "xseg_close": (c.c_int, [c.c_int64]),
         "xseg_version": (c.c_char_p, []),
         "xseg_last_error": (c.c_char_p, []),
     }
@@ -238,6 +244,88 @@ def snapshot(device=None):
     """Segments, mapped ranges and blocks of one device, with its stats, as a
     dict (nested, as the library's JSON)."""
     return _json(load().xseg_snapshot_json, device)
+
+
+# Cross-process sharing. PyTorch's own CUDA IPC refuses memory of a
+# pluggable allocator; these share xseg blocks instead (package ipc: pidfd_getfd
+# where the kernel allows it, else the exporter's Unix socket).
+
+_DESC_CAP = 1 << 16
+
+
+def share(tensor):
+    """Share tensor's storage with other processes and return the descriptor
+    (bytes) to send them any way you like; they call open() with it. The
+    allocator must be shareable: install(conf="shareable:true") or
+    XSEG_CONF=shareable:true. The storage's pages stay out of reuse until
+    this share ends (when tensor is garbage collected, or unshare(desc)) and
+    every importer has closed its tensor or died, even after tensor is
+    freed. Waits for the work queued on tensor's device's current stream, so
+    importers see the bytes written so far."""
+    import torch
+    if not tensor.is_cuda or tensor.storage_offset() != 0:
+        raise ValueError("xseg: share needs a CUDA tensor that starts its storage (storage_offset 0)")
+    torch.cuda.current_stream(tensor.device).synchronize()
+    buf = ctypes.create_string_buffer(_DESC_CAP)
+    n = load().xseg_share(tensor.untyped_storage().data_ptr(), tensor.device.index or 0, buf, _DESC_CAP)
+    if n < 0:
+        raise RuntimeError(f"xseg: share failed: {last_error()}")
+    desc = buf.raw[:n]
+    weakref.finalize(tensor, _unshare_quietly, desc)
+    return desc
+
+
+def _unshare_quietly(desc):
+    if _lib is not None:
+        _lib.xseg_unshare(desc, len(desc))
+
+
+def unshare(desc):
+    """Stop serving new importers of desc (from share); importers that
+    opened it keep their mapping."""
+    _check(load().xseg_unshare(desc, len(desc)), "unshare")
+
+
+class _Mapping:
+    """An open xseg mapping; __cuda_array_interface__ exposes its bytes. The
+    tensors made over it keep it alive; the last one to go closes it."""
+
+    def __init__(self, handle, ptr, size):
+        self.handle, self.ptr, self.size = handle, ptr, size
+        self.__cuda_array_interface__ = {
+            "shape": (size,), "typestr": "|u1", "data": (ptr, False),
+            "version": 3, "strides": None, "stream": None,
+        }
+
+    def __del__(self):
+        if self.handle > 0 and _lib is not None:
+            _lib.xseg_close(self.handle)
+            self.handle = -1
+
+
+def open(desc, shape, dtype, device=None):
+    """Map the block that desc (from share() in any process) names and return
+    a tensor of shape and dtype over its first bytes on device (default the
+    current CUDA device). The tensor, and every view of it, keeps the
+    mapping alive; it stays valid after the exporter exits. Opening one
+    descriptor twice in a process shares one mapping."""
+    import torch
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    ptr, size = ctypes.c_void_p(), ctypes.c_size_t()
+    h = load().xseg_open(bytes(desc), len(desc), idx, ctypes.byref(ptr), ctypes.byref(size))
+    if h < 0:
+        raise RuntimeError(f"xseg: open failed: {last_error()}")
+    m = _Mapping(h, ptr.value, size.value)
+    n = 1
+    for d in shape:
+        n *= int(d)
+    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    if nbytes > m.size:
+        raise ValueError(f"xseg: {tuple(shape)} of {dtype} take {nbytes} bytes, the shared block has {m.size}")
+    with torch.cuda.device(idx):
+        raw = torch.as_tensor(m, device=dev)
+    return raw[:nbytes].view(dtype).view(tuple(shape))
 
 
 def is_installed():

@@ -48,6 +48,11 @@ type Driver interface {
 	// which must be covered entirely by mappings (a run of pages takes one
 	// call). mapped -> accessible.
 	SetAccess(ptr DevicePtr, size uint64, access []AccessDesc) error
+	// GetAccess reports the access dev has to the mapping that contains
+	// ptr (any address inside it): what SetAccess granted it last,
+	// AccessNone if nothing. An address that is not mapped is ErrInvalid,
+	// as is a device past the last.
+	GetAccess(ptr DevicePtr, dev Device) (Access, error)
 
 	// ExportFD returns a new file descriptor, owned by the caller, that
 	// names page h, which must have been created with HandlePosixFD.

@@ -31,6 +31,12 @@ type Options struct {
 	// number of events done, and once more at the end. It runs inside the
 	// timed loop: keep it cheap.
 	Progress func(done int)
+	// Sample, if not nil, is called every SampleEvery events (every event
+	// if SampleEvery < 1) with the number of events done, and once more
+	// at the end: `xseg replay --plot` reads the allocator's Stats there.
+	// It runs inside the timed loop.
+	Sample      func(done int)
+	SampleEvery int
 }
 
 // Result is what a replay measured. The JSON keys are those of
@@ -80,7 +86,7 @@ func Replay(t *Trace, a Allocator, opt Options) (Result, error) {
 	res := Result{Trace: t.Name, Events: len(t.Events), PeakLive: t.PeakLive}
 	ptrs := make([]vmm.DevicePtr, t.Slots) // 0: not allocated (never a block's address)
 	start := time.Now()
-	err := run(t, a, streams, ptrs, &res, opt.Progress)
+	err := run(t, a, streams, ptrs, &res, opt)
 	elapsed := time.Since(start)
 	st := a.Stats()
 	if len(t.Events) > 0 {
@@ -96,7 +102,8 @@ func Replay(t *Trace, a Allocator, opt Options) (Result, error) {
 }
 
 // run is the timed loop.
-func run(t *Trace, a Allocator, streams []vmm.Stream, ptrs []vmm.DevicePtr, res *Result, progress func(int)) error {
+func run(t *Trace, a Allocator, streams []vmm.Stream, ptrs []vmm.DevicePtr, res *Result, opt Options) error {
+	progress, sample, every := opt.Progress, opt.Sample, max(opt.SampleEvery, 1)
 	for i := range t.Events {
 		e := &t.Events[i]
 		if e.Op == OpAlloc {
@@ -123,9 +130,15 @@ func run(t *Trace, a Allocator, streams []vmm.Stream, ptrs []vmm.DevicePtr, res 
 		if progress != nil && i&(ProgressEvery-1) == ProgressEvery-1 {
 			progress(i + 1)
 		}
+		if sample != nil && (i+1)%every == 0 {
+			sample(i + 1)
+		}
 	}
 	if progress != nil {
 		progress(len(t.Events))
+	}
+	if sample != nil && len(t.Events)%every != 0 {
+		sample(len(t.Events))
 	}
 	return nil
 }

@@ -33,6 +33,21 @@ int xseg_configure(const char* conf) { return xsegGoConfigure((char*)conf); }
 
 int xseg_set_log_level(const char* level) { return xsegGoSetLogLevel((char*)level); }
 
+ssize_t xseg_share(void* ptr, int device, void* out, size_t cap) {
+	return xsegGoShare((uintptr_t)ptr, device, out, cap);
+}
+
+int xseg_unshare(const void* desc, size_t len) { return xsegGoUnshare((void*)desc, len); }
+
+int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size) {
+	uintptr_t p = 0;
+	int64_t h = xsegGoOpen((void*)desc, len, device, &p, size);
+	*ptr = (void*)p;
+	return h;
+}
+
+int xseg_close(int64_t handle) { return xsegGoClose(handle); }
+
 const char* xseg_version(void) { return XSEG_VERSION; }
 
 const char* xseg_last_error(void) { return xsegGoLastError(); }

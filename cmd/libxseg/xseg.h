@@ -72,6 +72,26 @@ int xseg_configure(const char* conf);
  * Returns 0, or -1 for an unknown level. */
 int xseg_set_log_level(const char* level);
 
+/* Cross-process sharing (package ipc). xseg_share shares the live block
+ * that starts at ptr on device with other processes: its pages stay out of
+ * reuse until xseg_unshare and until every importer has closed (or died),
+ * even after xseg_free. The allocator must have been made shareable
+ * (shareable:true in XSEG_CONF or xseg_configure). It writes the
+ * descriptor (at most a few KiB; 64 KiB always suffices) to out and
+ * returns its length, or -1 (also when cap is too small: nothing is then
+ * shared). xseg_unshare stops serving new importers of desc; 0 or -1. */
+ssize_t xseg_share(void* ptr, int device, void* out, size_t cap);
+int xseg_unshare(const void* desc, size_t len);
+
+/* xseg_open maps the block a descriptor names (from xseg_share of any
+ * process) for device: *ptr and *size receive its address and length.
+ * Opening one descriptor twice shares one mapping. Returns a handle (> 0)
+ * for xseg_close, or -1. xseg_close unmaps once the last handle of the
+ * mapping closes; 0 or -1. The mapping stays valid after the exporter
+ * exits. */
+int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size);
+int xseg_close(int64_t handle);
+
 /* xseg_version returns XSEG_VERSION. */
 const char* xseg_version(void);
 

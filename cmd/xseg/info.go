@@ -31,6 +31,8 @@ type probeResult struct {
 // infoReport is what `xseg info` says; its JSON form is `xseg info --json`.
 type infoReport struct {
 	Backend string `json:"backend"`
+	// BackendReason says why this backend was chosen.
+	BackendReason string `json:"backend_reason"`
 	// DriverVersion is CUDA's encoding (1000*major + 10*minor); 0 for the
 	// host backend.
 	DriverVersion int            `json:"driver_version"`
@@ -58,24 +60,34 @@ type deviceReport struct {
 	PosixFD                bool   `json:"posix_fd"`
 	Fabric                 bool   `json:"fabric"`
 	RDMAWithVMM            bool   `json:"rdma_with_vmm"`
-	Error                  string `json:"error,omitempty"`
+	// Allocator is the allocator xseg.Open makes on this device with the
+	// --allocator option (expandable or fallback), and AllocatorReason
+	// why; AllocatorError says why it cannot make one.
+	Allocator       string `json:"allocator,omitempty"`
+	AllocatorReason string `json:"allocator_reason,omitempty"`
+	AllocatorError  string `json:"allocator_error,omitempty"`
+	Error           string `json:"error,omitempty"`
 }
 
 func newInfoCmd(stdout io.Writer) *cobra.Command {
 	asJSON := false
 	backend := newEnum("auto", "auto", "host", "cuda")
+	allocator := newEnum("auto", "auto", "expandable", "fallback")
 	cmd := &cobra.Command{
 		Use:   "info",
 		Short: "Report the backend, driver, devices and sharing capabilities of this machine",
 		Long: `info opens the CUDA driver (or says why it cannot) and describes the backend
 that xseg would use: driver version, and for each device its name, memory,
 VMM support, page granularity, shareable handle kinds (POSIX fd, fabric) and
-GPUDirect RDMA with VMM. It also probes whether pidfd_getfd is permitted for
+GPUDirect RDMA with VMM. It says which backend and, for each device, which
+allocator xseg.Open would choose, and why: expandable where the device
+supports VMM, fallback (plain allocations) where it does not, or the one
+--allocator forces. It also probes whether pidfd_getfd is permitted for
 this process here (yes, no with the errno, or unknown).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cmd.SilenceUsage = true
-			rep, err := gatherInfo(backend.value)
+			rep, err := gatherInfo(backend.value, allocator.value)
 			if err != nil {
 				return err
 			}
@@ -89,11 +101,13 @@ this process here (yes, no with the errno, or unknown).`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	cmd.Flags().Var(backend, "backend", "backend to describe: auto (CUDA if it opens, else host), host or cuda")
+	cmd.Flags().Var(allocator, "allocator", "allocator to choose: auto (expandable where the device supports VMM, else fallback), expandable or fallback")
 	return cmd
 }
 
-// gatherInfo opens the backend and describes it.
-func gatherInfo(backend string) (*infoReport, error) {
+// gatherInfo opens the backend and describes it, with the allocator
+// xseg.Open would choose for each device.
+func gatherInfo(backend, allocator string) (*infoReport, error) {
 	rep := &infoReport{PidfdGetfd: probePidfdGetfd(), Devices: []deviceReport{}}
 	d, cudaErr := xseg.OpenDriver("cuda", 0)
 	if cudaErr != nil {
@@ -110,19 +124,20 @@ func gatherInfo(backend string) (*infoReport, error) {
 			d = nil
 		}
 	}
+	rep.BackendReason = backendReason(backend, rep.CUDA.Available)
 	if d == nil {
 		var err error
 		if d, err = xseg.OpenDriver("host", 0); err != nil {
 			return nil, err
 		}
 	}
-	err := describe(d, rep)
+	err := describe(d, rep, allocator)
 	return rep, errors.Join(err, d.Close())
 }
 
 // describe fills rep with what d says about itself and its devices. A
 // device that cannot be described carries its error in the report.
-func describe(d vmm.Driver, rep *infoReport) error {
+func describe(d vmm.Driver, rep *infoReport, allocator string) error {
 	rep.Backend = d.Backend()
 	v, err := d.DriverVersion()
 	if err != nil {
@@ -134,7 +149,13 @@ func describe(d vmm.Driver, rep *infoReport) error {
 		return fmt.Errorf("counting devices: %w", err)
 	}
 	for i := range n {
-		rep.Devices = append(rep.Devices, describeDevice(d, vmm.Device(i)))
+		r := describeDevice(d, vmm.Device(i))
+		if c, err := xseg.ChooseAllocator(d, vmm.Device(i), allocator); err != nil {
+			r.AllocatorError = err.Error()
+		} else {
+			r.Allocator, r.AllocatorReason = c.Allocator, c.Reason
+		}
+		rep.Devices = append(rep.Devices, r)
 	}
 	return nil
 }
@@ -160,7 +181,7 @@ func describeDevice(d vmm.Driver, dev vmm.Device) deviceReport {
 // printInfo writes rep as aligned text.
 func printInfo(w io.Writer, rep *infoReport) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "backend:\t%s\n", rep.Backend)
+	fmt.Fprintf(tw, "backend:\t%s (%s)\n", rep.Backend, rep.BackendReason)
 	if rep.CUDA.Available {
 		fmt.Fprintf(tw, "CUDA driver:\t%s\n", cudaVersion(rep.DriverVersion))
 	} else {
@@ -178,11 +199,27 @@ func printInfo(w io.Writer, rep *infoReport) error {
 			yesNo(dv.VMM), mib(dv.Granularity), mib(dv.RecommendedGranularity))
 		fmt.Fprintf(tw, "  shareable handles:\tposix-fd %s, fabric %s\n", yesNo(dv.PosixFD), yesNo(dv.Fabric))
 		fmt.Fprintf(tw, "  GPUDirect RDMA with VMM:\t%s\n", yesNo(dv.RDMAWithVMM))
+		if dv.AllocatorError != "" {
+			fmt.Fprintf(tw, "  allocator:\tnone: %s\n", dv.AllocatorError)
+		} else {
+			fmt.Fprintf(tw, "  allocator:\t%s (%s)\n", dv.Allocator, dv.AllocatorReason)
+		}
 		if dv.Error != "" {
 			fmt.Fprintf(tw, "  error:\t%s\n", dv.Error)
 		}
 	}
 	return tw.Flush()
+}
+
+// backendReason says why gatherInfo describes the backend it does.
+func backendReason(asked string, cudaAvailable bool) string {
+	switch {
+	case asked != "auto":
+		return "asked for"
+	case cudaAvailable:
+		return "auto: a CUDA driver and device are here"
+	}
+	return "auto: no CUDA driver or device here, so the host backend"
 }
 
 func cudaVersion(v int) string { return fmt.Sprintf("%d.%d (%d)", v/1000, v%1000/10, v) }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/host"
 )
 
 // run runs the command line with args and returns stdout, stderr and the
@@ -36,6 +37,9 @@ func TestInfoJSON(t *testing.T) {
 	require.True(t, d0.VMM)
 	require.NotZero(t, d0.TotalMemory)
 	require.NotZero(t, d0.Granularity)
+	require.Equal(t, "expandable", d0.Allocator, "a device with VMM gets the expandable allocator")
+	require.Contains(t, d0.AllocatorReason, "auto: ")
+	require.Contains(t, rep.BackendReason, "auto: ")
 	if rep.CUDA.Available {
 		require.Equal(t, "cuda", rep.Backend)
 		require.NotZero(t, rep.DriverVersion)
@@ -54,10 +58,57 @@ func TestInfoJSON(t *testing.T) {
 func TestInfoText(t *testing.T) {
 	out, _, err := run(t, "info", "--backend", "host")
 	require.NoError(t, err)
-	require.Regexp(t, `(?m)^backend: +host$`, out)
+	require.Regexp(t, `(?m)^backend: +host \(asked for\)$`, out)
 	require.Regexp(t, `(?m)^CUDA driver: +`, out)
 	require.Regexp(t, `(?m)^pidfd_getfd: +(yes|no|unknown) \(`, out)
 	require.Regexp(t, `(?m)^  vmm: +yes, granularity 2 MiB \(recommended 2 MiB\)$`, out)
+	require.Regexp(t, `(?m)^  allocator: +expandable \(auto: device 0 \(.*\) of the host backend supports virtual memory management\)$`, out)
+}
+
+func TestInfoForcedAllocator(t *testing.T) {
+	out, _, err := run(t, "info", "--backend", "host", "--allocator", "fallback", "--json")
+	require.NoError(t, err)
+	var rep infoReport
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	require.Equal(t, "asked for", rep.BackendReason)
+	require.Equal(t, "fallback", rep.Devices[0].Allocator)
+	require.Contains(t, rep.Devices[0].AllocatorReason, "asked for")
+	_, _, err = run(t, "info", "--allocator", "slab")
+	require.ErrorContains(t, err, `"slab" is not one of auto, expandable, fallback`)
+}
+
+// noVMM is a driver whose devices report no virtual memory management.
+type noVMM struct{ vmm.Driver }
+
+func (n noVMM) DeviceInfo(dev vmm.Device) (vmm.DeviceInfo, error) {
+	info, err := n.Driver.DeviceInfo(dev)
+	info.VMM = false
+	return info, err
+}
+
+// TestInfoDeviceWithoutVMM: on a device that reports no VMM, info says
+// that auto chooses fallback and why, and that expandable cannot be had.
+func TestInfoDeviceWithoutVMM(t *testing.T) {
+	d, err := host.Open(host.Options{Capacity: 1 << 30})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.Close()) }()
+	rep := &infoReport{Devices: []deviceReport{}}
+	require.NoError(t, describe(noVMM{d}, rep, "auto"))
+	d0 := rep.Devices[0]
+	require.False(t, d0.VMM)
+	require.Equal(t, "fallback", d0.Allocator)
+	require.Contains(t, d0.AllocatorReason, "has no virtual memory management")
+	var text bytes.Buffer
+	require.NoError(t, printInfo(&text, rep))
+	require.Regexp(t, `(?m)^  allocator: +fallback \(auto: .* has no virtual memory management, so segments are plain allocations\)$`, text.String())
+
+	rep = &infoReport{Devices: []deviceReport{}}
+	require.NoError(t, describe(noVMM{d}, rep, "expandable"))
+	require.Empty(t, rep.Devices[0].Allocator)
+	require.Contains(t, rep.Devices[0].AllocatorError, vmm.ErrNotSupported.Error())
+	text.Reset()
+	require.NoError(t, printInfo(&text, rep))
+	require.Regexp(t, `(?m)^  allocator: +none: .*has no virtual memory management`, text.String())
 }
 
 func TestInfoCUDAWithoutDriver(t *testing.T) {

@@ -25,6 +25,7 @@ type replayFlags struct {
 	conf      string
 	json      bool
 	verbose   bool
+	plot      string
 }
 
 func newReplayCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -57,6 +58,7 @@ the timing. It fails if a trace does not parse or an allocation fails.`,
 	fl.StringVar(&f.conf, "conf", "", "allocator configuration in `XSEG_CONF` syntax (key:value,...), applied over the environment's")
 	fl.BoolVar(&f.json, "json", false, "print one JSON object a line per trace")
 	fl.BoolVarP(&f.verbose, "verbose", "v", false, "log the allocator's informational messages to stderr")
+	fl.StringVar(&f.plot, "plot", "", "draw live and reserved bytes over each trace's events into `FILE.png` (with several traces, FILE.<trace>.png)")
 	return cmd
 }
 
@@ -81,7 +83,8 @@ func runReplay(f *replayFlags, paths []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	r := &replayer{flags: f, d: d, dev: vmm.Device(f.device), cfg: cfg, stderr: stderr, log: newLogger(stderr, f.verbose)}
+	r := &replayer{flags: f, d: d, dev: vmm.Device(f.device), cfg: cfg, stderr: stderr, log: newLogger(stderr, f.verbose),
+		plot: newTracePlot(f.plot, len(traces))}
 	out := newResultPrinter(stdout, f.json)
 	if !f.json {
 		fmt.Fprintf(stdout, "backend %s, allocator %s, device %d\n", d.Backend(), f.allocator.value, f.device)
@@ -100,7 +103,7 @@ func runReplay(f *replayFlags, paths []string, stdout, stderr io.Writer) error {
 			errs = append(errs, fmt.Errorf("%s: %d allocations failed, the first: %w", t.Name, res.FailedAllocs, res.FirstFailure))
 		}
 	}
-	errs = append(errs, out.flush(), d.Close())
+	errs = append(errs, out.flush(), r.plot.write(), d.Close())
 	return errors.Join(errs...)
 }
 

@@ -21,6 +21,7 @@ type replayer struct {
 	cfg    *xseg.Config
 	stderr io.Writer
 	log    *slog.Logger
+	plot   *tracePlot // nil without --plot
 }
 
 // replay runs one trace: streams, a fresh allocator, the timed events, then
@@ -42,7 +43,8 @@ func (r *replayer) replay(t *trace.Trace) (trace.Result, error) {
 	if err != nil {
 		return trace.Result{}, errors.Join(fmt.Errorf("%s: opening the allocator: %w", t.Name, err), destroy())
 	}
-	res, err := trace.Replay(t, a, trace.Options{Streams: streams, Progress: r.progress(t)})
+	sample, every := r.plot.sampler(t, a)
+	res, err := trace.Replay(t, a, trace.Options{Streams: streams, Progress: r.progress(t), Sample: sample, SampleEvery: every})
 	errs := []error{err}
 	if err := a.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("%s: closing the allocator: %w", t.Name, err))

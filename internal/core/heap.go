@@ -40,6 +40,7 @@ type Heap struct {
 		pending []pendingEvent
 		events  []vmm.Event // recorded and completed, for reuse
 		freed   chan struct{}
+		pins    map[*block]int // pin counts of shared blocks (pin.go)
 	}
 }
 
@@ -205,7 +206,7 @@ func (h *Heap) Free(ptr vmm.DevicePtr) error {
 	st.RequestedBytes.Add(p, -int64(b.requested))
 	st.Allocations.Add(p, -1)
 	b.requested = 0
-	if b.state == stAllocated {
+	if b.state == stAllocated && !h.keepPinnedLocked(b) {
 		h.deactivateLocked(b)
 	}
 	if h.cfg.ReleaseThreshold > 0 {

@@ -72,7 +72,7 @@ func (h *Heap) pollLocked() {
 func (h *Heap) eventDoneLocked(p pendingEvent) {
 	h.mu.events = append(h.mu.events, p.ev)
 	p.b.events--
-	if p.b.events == 0 {
+	if p.b.events == 0 && !h.keepPinnedLocked(p.b) {
 		h.deactivateLocked(p.b)
 	}
 }

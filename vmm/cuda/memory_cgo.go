@@ -173,12 +173,12 @@ func (d *Driver) SetAccess(ptr vmm.DevicePtr, size uint64, access []vmm.AccessDe
 			return fmt.Errorf("setting access at %v: device %d: the driver has %d devices: %w", ptr, a.Device, d.count, vmm.ErrInvalid)
 		}
 	}
-	ms, err := d.books.SetAccess(ptr, size, access)
+	undo, err := d.books.GrantAccess(ptr, size, access)
 	if err != nil {
 		return err
 	}
 	if err := d.sym.memSetAccess(nil, ptr, size, access); err != nil {
-		d.books.UndoAccess(ms)
+		d.books.RestoreAccess(undo)
 		return fmt.Errorf("cuMemSetAccess %v+%d for %v: %w", ptr, size, access, err)
 	}
 	return nil

@@ -170,6 +170,13 @@ func (d *Driver) rawEventQuery(dev vmm.Device, e vmm.Event, n int) (time.Duratio
 	return time.Duration(out[0]), nil
 }
 
+// timed returns the nanoseconds the trampolines have spent in driver calls
+// and in all (context handling included) so far; zero unless built with
+// -tags xsegtiming. It reads the symbol table without a cgo crossing.
+func (d *Driver) timed() (calls, trampolines time.Duration) {
+	return time.Duration(d.sym.p.timed_calls), time.Duration(d.sym.p.timed_trampolines)
+}
+
 // currentContext returns the calling thread's current context and whether
 // it is dev's primary context as retained by d. Tests use it, on a locked
 // thread, to check that calls leave the thread as they found it.

@@ -134,7 +134,8 @@ typedef CUresult (*xs_version_fn)(int *version);
 	X(cuMemsetD8, (CUdeviceptr dst, unsigned char uc, size_t n)) \
 	X(cuMemsetD8Async, (CUdeviceptr dst, unsigned char uc, size_t n, CUstream hStream)) \
 	X(cuMemAlloc, (CUdeviceptr *dptr, size_t bytesize)) \
-	X(cuMemFree, (CUdeviceptr dptr))
+	X(cuMemFree, (CUdeviceptr dptr)) \
+	X(cuMemGetAccess, (unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr))
 
 #define XS_FIELD(name, params) CUresult (*name) params;
 #define XS_NAME(name, params) #name,
@@ -142,30 +143,84 @@ typedef CUresult (*xs_version_fn)(int *version);
 
 // xs_syms is the symbol table of one Driver: every entry point, resolved
 // once, and the context a call falls back on when it may run in any context
-// and the calling thread has none.
+// and the calling thread has none. The timing fields are written only in
+// builds with XS_TIMING (see timing_tag_cgo.go).
 typedef struct {
 	XS_ENTRY_POINTS(XS_FIELD)
 	CUcontext fallback;
+	uint64_t timed_calls;      // XS_TIMING: ns spent in the driver calls
+	uint64_t timed_trampolines; // XS_TIMING: ns spent in whole trampolines
 } xs_syms;
 
 enum { XS_NUM_ENTRY_POINTS = 0 XS_ENTRY_POINTS(XS_COUNT) };
 
-// XS_IN_CTX runs call with a context current and returns its result. want is
-// the context the call needs; NULL means any context will do (the calling
-// thread's, or s->fallback if it has none). When the thread's current
-// context already fits, call runs as is, so a caller that made the device's
-// context current (PyTorch's threads) pays one cuCtxGetCurrent. Otherwise
-// the context is pushed for the call and popped after it, leaving the
-// thread as it was. One cgo crossing runs all of it on one OS thread.
+// xs_left is the context xseg made current on this thread, because the
+// thread had none, and left there (NULL: none). Later calls on the thread
+// then find a fitting context and change nothing.
+extern __thread CUcontext xs_left __attribute__((visibility("hidden")));
+
+// xs_enter makes a context fit for a call current on the calling thread.
+// want is the context the call needs; NULL means any context will do (the
+// thread's, or s->fallback if it has none). It sets *pushed when it pushed
+// want, for xs_leave to pop. The rules:
+//   - the current context fits (it is want, or want is NULL and the thread
+//     has a context xseg did not leave there, such as PyTorch's): nothing
+//     changes;
+//   - the thread has no context, or only the one xseg left: want (or the
+//     fallback) is made current with cuCtxSetCurrent and left current, so
+//     that the next call on the thread takes the first rule;
+//   - the thread has another context (a caller's): want is pushed for the
+//     call and popped after it, leaving the thread as it was.
+static inline CUresult xs_enter(xs_syms *s, CUcontext want, int *pushed) {
+	CUcontext cur = NULL, w = want ? want : s->fallback;
+	*pushed = 0;
+	CUresult r = s->cuCtxGetCurrent(&cur);
+	if (r != CUDA_SUCCESS || cur == w) return r;
+	if (cur == NULL || cur == xs_left) {
+		if ((r = s->cuCtxSetCurrent(w)) == CUDA_SUCCESS) xs_left = w;
+		return r;
+	}
+	if (!want) return CUDA_SUCCESS;
+	if ((r = s->cuCtxPushCurrent(w)) == CUDA_SUCCESS) *pushed = 1;
+	return r;
+}
+
+// xs_leave pops what xs_enter pushed and returns the call's result r, or
+// the pop's error if the call succeeded and the pop did not.
+static inline CUresult xs_leave(xs_syms *s, CUresult r) {
+	CUcontext popped;
+	CUresult p = s->cuCtxPopCurrent(&popped);
+	return r != CUDA_SUCCESS ? r : p;
+}
+
+#ifdef XS_TIMING
+#include <time.h>
+static inline uint64_t xs_clock(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+#define XS_STAMP(v) uint64_t v = xs_clock()
+#define XS_ADD(field, t0) ((field) += xs_clock() - (t0))
+#else
+#define XS_STAMP(v) do {} while (0)
+#define XS_ADD(field, t0) do {} while (0)
+#endif
+
+// XS_IN_CTX runs call with a context fit for it current (see xs_enter) and
+// returns its result. One cgo crossing runs all of it on one OS thread.
 #define XS_IN_CTX(s, want, call) do { \
-	CUcontext cur_ = NULL, w_ = (want) ? (want) : (s)->fallback, popped_; \
-	CUresult r_ = (s)->cuCtxGetCurrent(&cur_); \
-	if (r_ != CUDA_SUCCESS) return r_; \
-	if (cur_ == w_ || (!(want) && cur_ != NULL)) return (call); \
-	if ((r_ = (s)->cuCtxPushCurrent(w_)) != CUDA_SUCCESS) return r_; \
-	r_ = (call); \
-	CUresult p_ = (s)->cuCtxPopCurrent(&popped_); \
-	return r_ != CUDA_SUCCESS ? r_ : p_; \
+	XS_STAMP(t0_); \
+	int pushed_; \
+	CUresult r_ = xs_enter((s), (want), &pushed_); \
+	if (r_ == CUDA_SUCCESS) { \
+		XS_STAMP(t1_); \
+		r_ = (call); \
+		XS_ADD((s)->timed_calls, t1_); \
+		if (pushed_) r_ = xs_leave((s), r_); \
+	} \
+	XS_ADD((s)->timed_trampolines, t0_); \
+	return r_; \
 } while (0)
 
 #endif

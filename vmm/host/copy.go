@@ -84,7 +84,8 @@ func (d *Driver) CopyDtoH(dst []byte, src vmm.DevicePtr) error {
 }
 
 // CopyDtoD copies n bytes from src (readable) to dst (writable); the two may
-// overlap.
+// overlap. One device must be allowed to read src and write dst (see
+// GetAccess): between two devices' memory that takes peer access.
 func (d *Driver) CopyDtoD(dst, src vmm.DevicePtr, n uint64) error {
 	if err := d.enter(); err != nil {
 		return err
@@ -98,6 +99,10 @@ func (d *Driver) CopyDtoD(dst, src vmm.DevicePtr, n uint64) error {
 	if err := d.checkTouch(dst, n, true); err != nil {
 		return fmt.Errorf("copying between device addresses: destination: %w", err)
 	}
+	if err := d.workDevice(fmt.Sprintf("copying %d bytes from %v to %v", n, src, dst),
+		span{dst, n, vmm.AccessReadWrite}, span{src, n, vmm.AccessRead}); err != nil {
+		return err
+	}
 	copy(hostBytes(dst, n), hostBytes(src, n))
 	return nil
 }
@@ -108,28 +113,39 @@ func (d *Driver) Memset(dst vmm.DevicePtr, value byte, n uint64) error {
 		return err
 	}
 	defer d.life.RUnlock()
-	return d.memset(dst, value, n)
+	return d.memset(dst, value, n, -1)
 }
 
 // MemsetAsync is Memset queued on live stream s; host streams are
-// synchronous, so it is done when it returns.
+// synchronous, so it is done when it returns. On a stream made by
+// StreamCreate, the stream's device must be allowed to write dst.
 func (d *Driver) MemsetAsync(dst vmm.DevicePtr, value byte, n uint64, s vmm.Stream) error {
 	if err := d.enter(); err != nil {
 		return err
 	}
 	defer d.life.RUnlock()
-	if err := d.checkStream(s); err != nil {
-		return fmt.Errorf("setting memory on a stream: %w", err)
+	dev := vmm.Device(-1)
+	if s != 0 {
+		var err error
+		if dev, err = d.books.StreamDevice(s); err != nil {
+			return fmt.Errorf("setting memory on a stream: %w", err)
+		}
 	}
-	return d.memset(dst, value, n)
+	return d.memset(dst, value, n, dev)
 }
 
-// memset is Memset after enter.
-func (d *Driver) memset(dst vmm.DevicePtr, value byte, n uint64) error {
+// memset is Memset after enter. A device dev >= 0 (a stream's) must be
+// allowed to write dst.
+func (d *Driver) memset(dst vmm.DevicePtr, value byte, n uint64, dev vmm.Device) error {
 	d.prot.RLock()
 	defer d.prot.RUnlock()
 	if err := d.checkTouch(dst, n, true); err != nil {
 		return fmt.Errorf("setting memory: %w", err)
+	}
+	if dev >= 0 {
+		if err := d.deviceMay(dev, []span{{dst, n, vmm.AccessReadWrite}}); err != nil {
+			return fmt.Errorf("setting memory on a stream of device %d: %w", dev, err)
+		}
 	}
 	b := hostBytes(dst, n)
 	if value == 0 || len(b) == 0 {

@@ -24,6 +24,7 @@ const (
 	OpMap               Op = "Map"
 	OpUnmap             Op = "Unmap"
 	OpSetAccess         Op = "SetAccess"
+	OpGetAccess         Op = "GetAccess"
 	OpExportFD          Op = "ExportFD"
 	OpImportFD          Op = "ImportFD"
 	OpExportFabric      Op = "ExportFabric"

@@ -99,6 +99,14 @@ func (f *Faulty) SetAccess(ptr vmm.DevicePtr, size uint64, access []vmm.AccessDe
 	return f.d.SetAccess(ptr, size, access)
 }
 
+// GetAccess implements vmm.Driver.
+func (f *Faulty) GetAccess(ptr vmm.DevicePtr, dev vmm.Device) (vmm.Access, error) {
+	if err := f.enter(OpGetAccess); err != nil {
+		return vmm.AccessNone, err
+	}
+	return f.d.GetAccess(ptr, dev)
+}
+
 // ExportFD implements vmm.Driver.
 func (f *Faulty) ExportFD(h vmm.Handle) (int, error) {
 	if err := f.enter(OpExportFD); err != nil {

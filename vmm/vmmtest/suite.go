@@ -57,6 +57,8 @@ var suite = []subtest{
 	{"MapErrors", testMapErrors},
 	{"Unmap", testUnmap},
 	{"SetAccess", testSetAccess},
+	{"GetAccess", testGetAccess},
+	{"PeerAccess", testPeerAccess},
 	{"Usage", testUsage},
 	{"CopyRoundTrip", testCopyRoundTrip},
 	{"CopyUnmapped", testCopyUnmapped},

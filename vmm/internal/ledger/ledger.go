@@ -61,10 +61,17 @@ type Ledger struct {
 	gran uint64
 	mu   sync.Mutex
 	// guarded by mu
-	ranges  *btree.BTreeG[span]
-	maps    *btree.BTreeG[*Mapping]
-	lo, hi  Mapping // search keys, reused so that lookups do not allocate
-	pages   map[vmm.Handle]*Page
+	ranges *btree.BTreeG[span]
+	maps   *btree.BTreeG[*Mapping]
+	lo, hi Mapping // search keys, reused so that lookups do not allocate
+	// run holds the mappings covering collected last, reused across calls
+	// (cleared at the next, dropped when large).
+	run []*Mapping
+	// granted is the access list SetAccess gave last, shared by every
+	// mapping given an equal list (lists are never changed in place), so
+	// that granting the same access again allocates nothing.
+	granted []vmm.AccessDesc
+	pages   map[vmm.Handle]Page // by value: adding a page allocates nothing
 	allocs  map[vmm.DevicePtr]uint64
 	streams map[vmm.Stream]vmm.Device
 	events  map[vmm.Event]vmm.Device
@@ -81,7 +88,7 @@ func New(gran uint64) *Ledger {
 		gran:    gran,
 		ranges:  btree.NewG(16, func(a, b span) bool { return a.ptr < b.ptr }),
 		maps:    btree.NewG(16, func(a, b *Mapping) bool { return a.Ptr < b.Ptr }),
-		pages:   make(map[vmm.Handle]*Page),
+		pages:   make(map[vmm.Handle]Page),
 		allocs:  make(map[vmm.DevicePtr]uint64),
 		streams: make(map[vmm.Stream]vmm.Device),
 		events:  make(map[vmm.Event]vmm.Device),
@@ -165,6 +172,19 @@ func (l *Ledger) rangeOf(ptr, end vmm.DevicePtr) (span, bool) {
 func (l *Ledger) keys(ptr, end vmm.DevicePtr) (*Mapping, *Mapping) {
 	l.lo.Ptr, l.hi.Ptr = ptr, end
 	return &l.lo, &l.hi
+}
+
+// overlaps reports whether a mapping overlaps [ptr, end): the mapping that
+// starts last before end (mappings never overlap each other) ends after
+// ptr. One descent of the tree, for the hot path of BeginMap.
+func (l *Ledger) overlaps(ptr, end vmm.DevicePtr) bool {
+	var last *Mapping
+	key, _ := l.keys(end-1, 0) // mappings start on granules: <= end-1 is < end
+	l.maps.DescendLessOrEqual(key, func(m *Mapping) bool {
+		last = m
+		return false
+	})
+	return last != nil && last.end() > ptr
 }
 
 // mappingsIn counts the mappings that overlap [ptr, end).

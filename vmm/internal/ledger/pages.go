@@ -10,7 +10,7 @@ import (
 func (l *Ledger) AddPage(h vmm.Handle, dev vmm.Device, size uint64, types vmm.HandleType) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.pages[h] = &Page{Handle: h, Device: dev, Size: size, Types: types}
+	l.pages[h] = Page{Handle: h, Device: dev, Size: size, Types: types}
 	l.usage.Handles++
 	l.usage.HandleBytes += size
 }
@@ -22,7 +22,7 @@ func (l *Ledger) AddPage(h vmm.Handle, dev vmm.Device, size uint64, types vmm.Ha
 func (l *Ledger) AddImportedPage(h vmm.Handle, dev vmm.Device, bound uint64, types vmm.HandleType) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.pages[h] = &Page{Handle: h, Device: dev, Size: bound, Types: types, bound: true}
+	l.pages[h] = Page{Handle: h, Device: dev, Size: bound, Types: types, bound: true}
 	l.usage.Handles++
 	l.usage.HandleBytes += bound
 }
@@ -35,7 +35,7 @@ func (l *Ledger) Page(h vmm.Handle) (Page, error) {
 	if !ok {
 		return Page{}, fmt.Errorf("page handle %#x is not live: %w", uint64(h), vmm.ErrInvalid)
 	}
-	return *p, nil
+	return p, nil
 }
 
 // BeginRelease checks that h is a live page that is not mapped and removes
@@ -53,7 +53,7 @@ func (l *Ledger) BeginRelease(h vmm.Handle) (Page, error) {
 	delete(l.pages, h)
 	l.usage.Handles--
 	l.usage.HandleBytes -= p.Size
-	return *p, nil
+	return p, nil
 }
 
 // UndoRelease puts back a page BeginRelease removed.
@@ -88,7 +88,8 @@ func (l *Ledger) BeginMap(ptr vmm.DevicePtr, size uint64, h vmm.Handle, offset u
 	if _, ok := l.rangeOf(ptr, end); !ok {
 		return Mapping{}, fmt.Errorf("mapping %v+%d: not inside a reserved range: %w", ptr, size, vmm.ErrInvalid)
 	}
-	if n := l.mappingsIn(ptr, end); n > 0 {
+	if l.overlaps(ptr, end) {
+		n := l.mappingsIn(ptr, end)
 		return Mapping{}, fmt.Errorf("mapping %v+%d: overlaps %d existing mappings: %w", ptr, size, n, vmm.ErrInvalid)
 	}
 	if offset != 0 || (size != p.Size && !p.bound) {
@@ -96,10 +97,18 @@ func (l *Ledger) BeginMap(ptr vmm.DevicePtr, size uint64, h vmm.Handle, offset u
 	}
 	m := &Mapping{Ptr: ptr, Size: size, Handle: h, Offset: offset, Device: p.Device}
 	l.maps.ReplaceOrInsert(m)
-	p.maps++
+	l.countMaps(h, 1)
 	l.usage.Mappings++
 	l.usage.MappedBytes += size
 	return *m, nil
+}
+
+// countMaps adds n to the count of page h's mappings, if h is live.
+func (l *Ledger) countMaps(h vmm.Handle, n int) {
+	if p, ok := l.pages[h]; ok {
+		p.maps += n
+		l.pages[h] = p
+	}
 }
 
 // UndoMap removes a mapping BeginMap recorded.
@@ -114,21 +123,25 @@ func (l *Ledger) dropMapping(m Mapping) {
 	if _, ok := l.maps.Delete(key); !ok {
 		return
 	}
-	if p, ok := l.pages[m.Handle]; ok {
-		p.maps--
-	}
+	l.countMaps(m.Handle, -1)
 	l.usage.Mappings--
 	l.usage.MappedBytes -= m.Size
 }
 
 // covering returns the mappings that exactly and contiguously cover
-// [ptr, ptr+size).
+// [ptr, ptr+size), in l.run: valid until the next call, with mu held.
 func (l *Ledger) covering(what string, ptr vmm.DevicePtr, size uint64) ([]*Mapping, error) {
 	if err := l.checkAligned(what, ptr, size); err != nil {
 		return nil, err
 	}
 	end := ptr.Add(size)
-	var ms []*Mapping
+	clear(l.run) // let go of the last call's mappings
+	ms := l.run[:0]
+	defer func() {
+		if l.run = ms; cap(ms) > 1024 {
+			l.run = nil
+		}
+	}()
 	next := ptr
 	lo, hi := l.keys(ptr, end)
 	l.maps.AscendRange(lo, hi, func(m *Mapping) bool {
@@ -172,88 +185,10 @@ func (l *Ledger) UndoUnmap(ms []Mapping) {
 	defer l.mu.Unlock()
 	for _, m := range ms {
 		l.maps.ReplaceOrInsert(&m)
-		if p, ok := l.pages[m.Handle]; ok {
-			p.maps++
-		}
+		l.countMaps(m.Handle, 1)
 		l.usage.Mappings++
 		l.usage.MappedBytes += m.Size
 	}
-}
-
-// SetAccess checks that [ptr, ptr+size) is covered by mappings and records
-// the access granted. It returns the mappings, with the access they had
-// before, for UndoAccess.
-func (l *Ledger) SetAccess(ptr vmm.DevicePtr, size uint64, access []vmm.AccessDesc) ([]Mapping, error) {
-	for _, a := range access {
-		if a.Flags != vmm.AccessNone && a.Flags != vmm.AccessRead && a.Flags != vmm.AccessReadWrite {
-			return nil, fmt.Errorf("setting access at %v: unknown access flags %#x: %w", ptr, uint32(a.Flags), vmm.ErrInvalid)
-		}
-	}
-	if len(access) == 0 {
-		return nil, fmt.Errorf("setting access at %v: no access descriptors: %w", ptr, vmm.ErrInvalid)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	ms, err := l.covering("setting access", ptr, size)
-	if err != nil {
-		return nil, err
-	}
-	// The mappings of a run usually share their access: merge once for
-	// each distinct old value, and share the merged slice (never mutated).
-	old := make([]Mapping, len(ms))
-	var lastOld, lastNew []vmm.AccessDesc
-	for i, m := range ms {
-		old[i] = *m
-		if i == 0 || !sameAccess(m.Access, lastOld) {
-			lastOld, lastNew = m.Access, mergeAccess(m.Access, access)
-		}
-		m.Access = lastNew
-	}
-	return old, nil
-}
-
-// UndoAccess restores the access of mappings SetAccess changed.
-func (l *Ledger) UndoAccess(ms []Mapping) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, o := range ms {
-		if m := l.mappingAt(o.Ptr); m != nil && m.Ptr == o.Ptr {
-			m.Access = o.Access
-		}
-	}
-}
-
-func sameAccess(a, b []vmm.AccessDesc) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func mergeAccess(old, set []vmm.AccessDesc) []vmm.AccessDesc {
-	out := make([]vmm.AccessDesc, 0, len(old)+len(set))
-	for _, o := range old {
-		keep := true
-		for _, s := range set {
-			if s.Device == o.Device {
-				keep = false
-			}
-		}
-		if keep {
-			out = append(out, o)
-		}
-	}
-	for _, s := range set {
-		if s.Flags != vmm.AccessNone {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // Lookup returns the mapping that contains ptr.

@@ -1,0 +1,173 @@
+package main
+
+/*
+#include <stdint.h>
+#include <stddef.h>
+#include <sys/types.h>
+*/
+import "C"
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/xseg-dev/xseg/ipc"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// sharing is the library's cross-process state: one exporter (serving its
+// abstract socket, made at the first share), the open shares by their
+// descriptor bytes, and the mappings opened here by handle number. It is
+// safe for concurrent use.
+type sharing struct {
+	mu struct {
+		sync.Mutex
+		exp      *ipc.Exporter
+		shares   map[string]*ipc.Share // by hex of the descriptor
+		mappings map[int64]*ipc.Mapping
+		next     int64
+	}
+}
+
+var shared sharing
+
+// share shares the live block at ptr of device's allocator and returns its
+// descriptor. The allocator must be shareable (shareable:true in
+// XSEG_CONF or xseg_configure).
+func (s *sharing) share(ptr vmm.DevicePtr, device int) ([]byte, error) {
+	a, err := lib.existing(device)
+	if err != nil {
+		return nil, err
+	}
+	src, ok := a.(ipc.BlockSource)
+	if a == nil || !ok {
+		return nil, fmt.Errorf("device %d has no allocator whose blocks can be shared: %w", device, vmm.ErrInvalid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.exp == nil {
+		exp, err := ipc.NewExporter(ipc.ExporterOptions{OnError: func(err error) {
+			lib.log.Warn("xseg: serving an importer", "err", err)
+		}})
+		if err != nil {
+			return nil, err
+		}
+		s.mu.exp = exp
+		s.mu.shares = make(map[string]*ipc.Share)
+	}
+	sh, err := s.mu.exp.ShareBlock(lib.driver(), src, ptr)
+	if err != nil {
+		return nil, err
+	}
+	b, err := sh.MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("%w (closing the share: %v)", err, sh.Close())
+	}
+	s.mu.shares[hex.EncodeToString(b)] = sh
+	return b, nil
+}
+
+// unshare closes the share that desc names: no new importer is served;
+// the block stays pinned until every importer has let go.
+func (s *sharing) unshare(desc []byte) error {
+	s.mu.Lock()
+	sh := s.mu.shares[hex.EncodeToString(desc)]
+	delete(s.mu.shares, hex.EncodeToString(desc))
+	s.mu.Unlock()
+	if sh == nil {
+		return fmt.Errorf("no share of this process has this descriptor: %w", vmm.ErrInvalid)
+	}
+	return sh.Close()
+}
+
+// open maps the block desc names for device and returns a handle number.
+func (s *sharing) open(desc []byte, device int) (int64, *ipc.Mapping, error) {
+	if _, err := lib.allocator(device); err != nil { // starts the driver
+		return 0, nil, err
+	}
+	m, err := ipc.Open(context.Background(), desc, lib.driver(), vmm.Device(device), ipc.OpenOptions{})
+	if err != nil {
+		return 0, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.mappings == nil {
+		s.mu.mappings = make(map[int64]*ipc.Mapping)
+	}
+	s.mu.next++
+	s.mu.mappings[s.mu.next] = m
+	return s.mu.next, m, nil
+}
+
+// close closes the mapping of handle h.
+func (s *sharing) close(h int64) error {
+	s.mu.Lock()
+	m := s.mu.mappings[h]
+	delete(s.mu.mappings, h)
+	s.mu.Unlock()
+	if m == nil {
+		return fmt.Errorf("no mapping has handle %d: %w", h, vmm.ErrInvalid)
+	}
+	return m.Close()
+}
+
+// cBytes copies n bytes of C memory at p (nil or n out of range: nil).
+func cBytes(p unsafe.Pointer, n C.size_t) []byte {
+	if p == nil || n == 0 || n > 1<<24 {
+		return nil
+	}
+	return C.GoBytes(p, C.int(n))
+}
+
+//export xsegGoShare
+func xsegGoShare(ptr C.uintptr_t, device C.int, out unsafe.Pointer, capacity C.size_t) (n C.ssize_t) {
+	n = -1
+	defer catch("xseg_share")
+	b, err := shared.share(vmm.DevicePtr(ptr), int(device))
+	if err != nil {
+		fail("xseg_share", fmt.Errorf("%#x on device %d: %w", uintptr(ptr), int(device), err))
+		return -1
+	}
+	if uint64(len(b)) > uint64(capacity) || out == nil {
+		err := shared.unshare(b)
+		fail("xseg_share", fmt.Errorf("the descriptor takes %d bytes, the buffer has %d (share undone: %v): %w", len(b), uint64(capacity), err, vmm.ErrInvalid))
+		return -1
+	}
+	copy(unsafe.Slice((*byte)(out), len(b)), b)
+	return C.ssize_t(len(b))
+}
+
+//export xsegGoUnshare
+func xsegGoUnshare(desc unsafe.Pointer, length C.size_t) (rc C.int) {
+	rc = -1
+	defer catch("xseg_unshare")
+	return status("xseg_unshare", shared.unshare(cBytes(desc, length)))
+}
+
+//export xsegGoOpen
+func xsegGoOpen(desc unsafe.Pointer, length C.size_t, device C.int, ptr *C.uintptr_t, size *C.size_t) (h C.int64_t) {
+	h = -1
+	defer catch("xseg_open")
+	b := cBytes(desc, length)
+	if b == nil {
+		fail("xseg_open", fmt.Errorf("descriptor of %d bytes: %w", uint64(length), vmm.ErrInvalid))
+		return -1
+	}
+	id, m, err := shared.open(b, int(device))
+	if err != nil {
+		fail("xseg_open", fmt.Errorf("on device %d: %w", int(device), err))
+		return -1
+	}
+	*ptr, *size = C.uintptr_t(m.Ptr()), C.size_t(m.Len())
+	return C.int64_t(id)
+}
+
+//export xsegGoClose
+func xsegGoClose(h C.int64_t) (rc C.int) {
+	rc = -1
+	defer catch("xseg_close")
+	return status("xseg_close", shared.close(int64(h)))
+}

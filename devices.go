@@ -1,0 +1,149 @@
+package xseg
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// PeerAccessor is implemented by allocators whose memory other devices can
+// be granted access to (the expandable allocator). EnablePeerAccess grants
+// device peer read-write access to every page mapped now and every page
+// mapped later; DisablePeerAccess takes it back. Both are idempotent.
+type PeerAccessor interface {
+	EnablePeerAccess(peer vmm.Device) error
+	DisablePeerAccess(peer vmm.Device) error
+}
+
+// Devices is one allocator for each device of a driver, as a process that
+// uses several GPUs needs: For picks a device's allocator, EnablePeerAccess
+// lets one device reach another's memory, Copy moves bytes between them.
+// Every allocator shares the one driver. Devices is safe for concurrent
+// use; Close must not run concurrently with the other methods.
+type Devices struct {
+	d      vmm.Driver
+	owned  bool // Close closes d
+	allocs []Allocator
+}
+
+// OpenDevices makes an allocator for every device of the driver, each as
+// Open(o) would make it for that device (o.Device is ignored). If o.Driver
+// is nil it opens the backend o.Backend names and closes it on Close. If
+// making one device's allocator fails, those made are closed and the error
+// names the device.
+func OpenDevices(o Options) (*Devices, error) {
+	if o.Config == nil {
+		cfg, err := ConfigFromEnv(os.Getenv)
+		if err != nil {
+			return nil, fmt.Errorf("xseg: %w", err)
+		}
+		o.Config = &cfg
+	}
+	ds := &Devices{d: o.Driver}
+	if ds.d == nil {
+		d, err := OpenDriver(o.Backend, o.HostCapacity)
+		if err != nil {
+			return nil, err
+		}
+		ds.d, ds.owned = d, true
+	}
+	n, err := ds.d.DeviceCount()
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("xseg: counting devices: %w", err), ds.closeDriver())
+	}
+	for dev := range vmm.Device(n) {
+		one := o
+		one.Driver, one.Device = ds.d, dev
+		a, err := Open(one)
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("xseg: device %d of %d: %w", dev, n, err), ds.Close())
+		}
+		ds.allocs = append(ds.allocs, a)
+	}
+	return ds, nil
+}
+
+// Driver is the driver the allocators share.
+func (ds *Devices) Driver() vmm.Driver { return ds.d }
+
+// Count is the number of devices, one allocator each.
+func (ds *Devices) Count() int { return len(ds.allocs) }
+
+// For returns the allocator of device dev, nil for a device the driver
+// does not have.
+func (ds *Devices) For(dev vmm.Device) Allocator {
+	if dev < 0 || int(dev) >= len(ds.allocs) {
+		return nil
+	}
+	return ds.allocs[dev]
+}
+
+// peers returns owner's allocator as a PeerAccessor.
+func (ds *Devices) peers(owner, peer vmm.Device) (PeerAccessor, error) {
+	a := ds.For(owner)
+	if a == nil {
+		return nil, fmt.Errorf("xseg: peer access of device %d to device %d: no device %d (there are %d): %w", peer, owner, owner, len(ds.allocs), vmm.ErrInvalid)
+	}
+	if ds.For(peer) == nil {
+		return nil, fmt.Errorf("xseg: peer access of device %d to device %d: no device %d (there are %d): %w", peer, owner, peer, len(ds.allocs), vmm.ErrInvalid)
+	}
+	p, ok := a.(PeerAccessor)
+	if !ok {
+		return nil, fmt.Errorf("xseg: peer access of device %d to device %d: its allocator (%T) cannot grant it: %w", peer, owner, a, vmm.ErrNotSupported)
+	}
+	return p, nil
+}
+
+// EnablePeerAccess grants device peer read-write access to all memory of
+// owner's allocator, mapped now or later (see PeerAccessor). It is
+// one-way: call it again with the devices swapped for the other direction.
+func (ds *Devices) EnablePeerAccess(owner, peer vmm.Device) error {
+	p, err := ds.peers(owner, peer)
+	if err != nil {
+		return err
+	}
+	return p.EnablePeerAccess(peer)
+}
+
+// DisablePeerAccess revokes what EnablePeerAccess(owner, peer) granted.
+func (ds *Devices) DisablePeerAccess(owner, peer vmm.Device) error {
+	p, err := ds.peers(owner, peer)
+	if err != nil {
+		return err
+	}
+	return p.DisablePeerAccess(peer)
+}
+
+// Copy copies n bytes from src to dst, blocks of any of the devices, and
+// waits. Between two devices' memory one device must reach both: grant it
+// with EnablePeerAccess first, else the copy fails with vmm.ErrInvalid.
+func (ds *Devices) Copy(dst, src vmm.DevicePtr, n uint64) error {
+	if err := ds.d.CopyDtoD(dst, src, n); err != nil {
+		return fmt.Errorf("xseg: copying %d bytes from %v to %v: %w", n, src, dst, err)
+	}
+	return nil
+}
+
+// Close closes every allocator, then the driver if OpenDevices opened it.
+// Blocks still allocated become invalid. A second Close returns nil.
+func (ds *Devices) Close() error {
+	var errs []error
+	for dev, a := range ds.allocs {
+		if err := a.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("xseg: closing device %d's allocator: %w", dev, err))
+		}
+	}
+	ds.allocs = nil
+	errs = append(errs, ds.closeDriver())
+	return errors.Join(errs...)
+}
+
+func (ds *Devices) closeDriver() error {
+	if !ds.owned {
+		return nil
+	}
+	ds.owned = false
+	return ds.d.Close()
+}

@@ -1,0 +1,162 @@
+package fallback
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// Config is the allocator's configuration (see core.Config). The fallback
+// allocator reads SmallPageSize and LargePageSize as segment sizes, and
+// has no page cache (PageCacheBytes is unused).
+type Config = core.Config
+
+// Allocator is the fallback allocator of one device: the block core over
+// fixed segments of plain allocations. It implements xseg.Allocator and is
+// safe for concurrent use by multiple goroutines.
+type Allocator struct {
+	heap *core.Heap
+	d    vmm.Driver
+	dev  vmm.Device
+	cfg  Config
+	log  *slog.Logger
+
+	// trim serializes the release-threshold check (see release).
+	trim struct {
+		sync.Mutex
+		// floor is the free reserved memory above the threshold that the
+		// last release could not give back (free blocks in segments that
+		// are partly in use); the next release waits until more is free.
+		floor uint64
+	}
+}
+
+// New makes a fallback allocator for device dev of d. It needs only
+// MemAlloc and MemFree, so it works on any device, with or without VMM.
+// Both segment sizes of cfg must be positive multiples of 512 (else
+// vmm.ErrInvalid). The allocator does not close d. log may be nil.
+func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator, error) {
+	info, err := d.DeviceInfo(dev)
+	if err != nil {
+		return nil, fmt.Errorf("fallback: device %d: %w", dev, err)
+	}
+	for _, c := range []struct {
+		key  string
+		size uint64
+	}{{"small_page_mb", cfg.SmallPageSize}, {"large_page_mb", cfg.LargePageSize}} {
+		if c.size == 0 || c.size%core.MinBlock != 0 {
+			return nil, fmt.Errorf("fallback: %s: segment size %d is not a positive multiple of %d: %w", c.key, c.size, core.MinBlock, vmm.ErrInvalid)
+		}
+	}
+	heapCfg := cfg
+	heapCfg.ReleaseThreshold = 0 // the core would unmap segments without dropping them; see release
+	s := &segments{d: d, dev: dev, cfg: cfg}
+	h, err := core.NewHeap(d, dev, s, heapCfg, info.TotalMemory, log)
+	if err != nil {
+		return nil, fmt.Errorf("fallback: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Allocator{heap: h, d: d, dev: dev, cfg: cfg, log: log}, nil
+}
+
+// Device is the device the allocator hands out memory of.
+func (a *Allocator) Device() vmm.Device { return a.dev }
+
+// Driver is the driver the allocator runs on.
+func (a *Allocator) Driver() vmm.Driver { return a.d }
+
+// Config is the configuration the allocator runs with.
+func (a *Allocator) Config() Config { return a.cfg }
+
+// Alloc returns a block of at least size bytes (rounded up to 512) for use
+// on stream s. It never returns less; when memory runs out it follows the
+// OOM policy (see the package documentation) and fails with an error
+// matching vmm.ErrOutOfMemory. Size 0 is vmm.ErrInvalid.
+func (a *Allocator) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
+	return a.heap.Alloc(size, s)
+}
+
+// AllocAtMost returns the largest block it can get of at most max and at
+// least min bytes, and its size: it tries max, then shrinks the request by
+// the configured OOMSizeFactor until it reaches min.
+func (a *Allocator) AllocAtMost(max, min uint64, s vmm.Stream) (vmm.DevicePtr, uint64, error) {
+	return a.heap.AllocAtMost(max, min, s)
+}
+
+// Free gives the block at ptr back. Freeing an unknown or interior pointer,
+// or a block twice, is an error matching vmm.ErrInvalid that changes
+// nothing. With a release threshold configured, Free may give wholly free
+// segments back (see the package documentation); a failure to do so is
+// logged, not returned, since the block itself was freed.
+func (a *Allocator) Free(ptr vmm.DevicePtr) error {
+	if err := a.heap.Free(ptr); err != nil {
+		return err
+	}
+	if a.cfg.ReleaseThreshold > 0 {
+		if err := a.release(); err != nil {
+			a.log.Warn("xseg: releasing free segments above the release threshold", "err", err)
+		}
+	}
+	return nil
+}
+
+// release gives every wholly free segment back when the free reserved
+// bytes pass the release threshold, and again only once they pass it by
+// more than what that left behind.
+func (a *Allocator) release() error {
+	a.trim.Lock()
+	defer a.trim.Unlock()
+	free := freeReserved(a.heap.Stats())
+	if free <= a.cfg.ReleaseThreshold {
+		a.trim.floor = 0
+		return nil
+	}
+	if free <= a.cfg.ReleaseThreshold+a.trim.floor {
+		return nil
+	}
+	err := a.heap.EmptyCache()
+	left := freeReserved(a.heap.Stats())
+	a.trim.floor = left - min(left, a.cfg.ReleaseThreshold)
+	return err
+}
+
+// freeReserved is the reserved memory that no block in use holds.
+func freeReserved(st core.Stats) uint64 {
+	return uint64(max(0, st.ReservedBytes.All.Current-st.ActiveBytes.All.Current))
+}
+
+// RecordStream marks the block at ptr as used on stream s as well: once
+// freed, it is reused only after the work queued on s by then has finished.
+func (a *Allocator) RecordStream(ptr vmm.DevicePtr, s vmm.Stream) error {
+	return a.heap.RecordStream(ptr, s)
+}
+
+// EmptyCache waits for pending frees and gives every wholly free segment
+// back to the driver (MemFree), and destroys idle events.
+func (a *Allocator) EmptyCache() error { return a.heap.EmptyCache() }
+
+// Stats returns the current statistics. ReservedBytes counts the segments
+// the allocator holds; PagesCreated and Unmaps count the plain
+// allocations made and freed.
+func (a *Allocator) Stats() core.Stats { return a.heap.Stats() }
+
+// ResetPeakStats makes every peak the current value.
+func (a *Allocator) ResetPeakStats() { a.heap.ResetPeakStats() }
+
+// Snapshot returns the segments and their blocks; each segment is one
+// page, mapped as a whole.
+func (a *Allocator) Snapshot() core.Snapshot { return a.heap.Snapshot() }
+
+// Close frees every segment; blocks still allocated become invalid. It
+// does not close the driver. A second Close returns nil; other methods
+// fail with vmm.ErrClosed after it.
+func (a *Allocator) Close() error { return a.heap.Close() }
+
+// DefaultConfig returns core.DefaultConfig: 2 MiB small segments for
+// requests up to 1 MiB, 20 MiB large segments, no release threshold.
+func DefaultConfig() Config { return core.DefaultConfig() }

@@ -1,0 +1,99 @@
+package fallback
+
+import (
+	"fmt"
+
+	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// segments is the core.Backing of the fallback allocator: every segment is
+// one plain allocation (vmm.Driver.MemAlloc), usable from the start and its
+// own single page, so the block core unmaps it only when it is wholly
+// free, and then gives it back at once. The Heap calls it with its lock
+// held, so it has no lock of its own.
+//
+// The state machine of a segment is short: none -> allocated (NewSegment,
+// MemAlloc) -> none (Unmap, MemFree; DropSegment then only forgets it).
+// Nothing is kept for reuse: CachedBytes is always 0.
+type segments struct {
+	d   vmm.Driver
+	dev vmm.Device
+	cfg core.Config
+}
+
+var _ core.Backing = (*segments)(nil)
+
+// SegmentSize is the size of the segment the fallback allocator makes for
+// a request of size bytes that no cached block can serve, as PyTorch's
+// native allocator sizes them: requests up to cfg.SmallLimit (1 MiB by
+// default) get a small segment of cfg.SmallPageSize (2 MiB); larger
+// requests below half of cfg.LargePageSize (10 MiB) share a large segment
+// of cfg.LargePageSize (20 MiB); larger ones get a segment of their own,
+// rounded up to cfg.SmallPageSize.
+func SegmentSize(cfg core.Config, size uint64) uint64 {
+	pool := core.Large
+	if core.RoundSize(size) <= cfg.SmallLimit {
+		pool = core.Small
+	}
+	return segmentSize(cfg, pool, core.RoundSize(size))
+}
+
+func segmentSize(cfg core.Config, pool core.Pool, size uint64) uint64 {
+	switch {
+	case pool == core.Small:
+		return max(cfg.SmallPageSize, roundUp(size, cfg.SmallPageSize))
+	case size < cfg.LargePageSize/2:
+		return cfg.LargePageSize
+	}
+	return roundUp(size, cfg.SmallPageSize)
+}
+
+// NewSegment makes one plain allocation for the segment: none ->
+// allocated. It counts one page created and one page mapped.
+func (s *segments) NewSegment(seg *core.Seg, size uint64, st *core.Stats) error {
+	n := segmentSize(s.cfg, seg.Pool, size)
+	ptr, err := s.d.MemAlloc(s.dev, n)
+	if err != nil {
+		return fmt.Errorf("allocating a %d-byte segment: %w", n, err)
+	}
+	seg.Base, seg.Size, seg.PageSize, seg.StartsMapped = ptr, n, n, true
+	st.PagesCreated++
+	st.Maps++
+	return nil
+}
+
+// Map would map pages into a segment whose memory was given back. The
+// block core never asks for it: a fallback segment is unmapped only when
+// wholly free and is then dropped at once, and the release threshold is
+// handled by the Allocator, not by the core. It fails with vmm.ErrInvalid.
+func (s *segments) Map(seg *core.Seg, ptr vmm.DevicePtr, size uint64, _ *core.Stats) error {
+	return fmt.Errorf("mapping %d bytes at %v: the plain allocation of segment %v was freed and cannot come back at its address: %w",
+		size, ptr, seg.Base, vmm.ErrInvalid)
+}
+
+// Unmap frees the segment's allocation: allocated -> none. The core asks
+// only for the whole segment (its single page); on error nothing changed.
+func (s *segments) Unmap(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stats) (uint64, error) {
+	if ptr != seg.Base || size != seg.Size {
+		return 0, fmt.Errorf("unmapping %d bytes at %v: only the whole segment %v+%d can be freed: %w",
+			size, ptr, seg.Base, seg.Size, vmm.ErrInvalid)
+	}
+	if err := s.d.MemFree(seg.Base); err != nil {
+		return 0, fmt.Errorf("freeing the %d-byte segment at %v: %w", seg.Size, seg.Base, err)
+	}
+	st.Unmaps++
+	return size, nil
+}
+
+// DropSegment forgets a segment whose allocation Unmap has freed; there is
+// nothing left to give back.
+func (s *segments) DropSegment(*core.Seg, *core.Stats) error { return nil }
+
+// CachedBytes is 0: freed segments are not kept.
+func (s *segments) CachedBytes(core.Pool) uint64 { return 0 }
+
+// ReleaseCache has nothing to release.
+func (s *segments) ReleaseCache(*core.Stats) error { return nil }
+
+func roundUp(n, unit uint64) uint64 { return (n + unit - 1) / unit * unit }

@@ -1,0 +1,25 @@
+package handles
+
+import "github.com/xseg-dev/xseg/vmm"
+
+// Pin is the physical pages behind a live allocator block, held for
+// sharing: an allocator's PinBlock returns one (package ipc names the
+// interface), and package ipc exports the pages. It lives here, below both
+// the allocators and ipc, so that an allocator can implement ipc's
+// interface without importing ipc.
+//
+// A Pin is a plain value; its Unpin is called exactly once, by whoever
+// holds the pin when the last user of the pages has let go.
+type Pin struct {
+	// Device holds the pages.
+	Device vmm.Device
+	// PageSize is the size of every page.
+	PageSize uint64
+	// Pages are the physical pages the block touches, in address order:
+	// the block rounded out to whole pages.
+	Pages []vmm.Handle
+	// Offset and Length place the block inside the pages.
+	Offset, Length uint64
+	// Unpin lets the allocator reuse, unmap and release the pages again.
+	Unpin func() error
+}

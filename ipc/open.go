@@ -1,0 +1,162 @@
+package ipc
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"sync"
+
+	"github.com/xseg-dev/xseg/handles"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// OpenOptions tune Open. The zero value picks the transports automatically
+// and grants the device read-write access.
+type OpenOptions struct {
+	// Fetch chooses the transports (see Fetch).
+	Fetch FetchOptions
+	// Access is what the device gets on the mapping (default
+	// vmm.AccessReadWrite).
+	Access vmm.Access
+}
+
+// A Mapping is one Open of a shared block: the block's bytes at an address
+// of this process. Opens of the same descriptor (same exporter pid and
+// token) on the same driver and device share one mapping, counted by
+// reference: each Open returns its own Mapping, and the shared mapping is
+// unmapped when the last of them closes. A mapping stays valid after the
+// exporter exits.
+//
+// A Mapping is safe for concurrent use; Close is idempotent.
+type Mapping struct {
+	m    *mapped
+	once sync.Once
+	err  error
+}
+
+// Ptr is the address of the shared block in this process: the mapped
+// extent's start plus the block's offset in its first page.
+func (m *Mapping) Ptr() vmm.DevicePtr { return m.m.base.Add(m.m.desc.Offset) }
+
+// Len is the length of the shared block in bytes.
+func (m *Mapping) Len() uint64 { return m.m.desc.Length }
+
+// Via is the transport that brought the pages.
+func (m *Mapping) Via() Transport { return m.m.via }
+
+// Leased reports whether the mapping holds a lease on the exporter's share
+// (see Received.Leased).
+func (m *Mapping) Leased() bool { return m.m.leased }
+
+// Close drops this reference. The last one unmaps the pages, releases
+// them, gives back the address range and ends the lease. Using Ptr's
+// memory after Close is the caller's bug.
+func (m *Mapping) Close() error {
+	m.once.Do(func() { m.err = m.m.unref() })
+	return m.err
+}
+
+// mapped is the one mapping of a descriptor in this process.
+type mapped struct {
+	key    any // registry key, nil if not shared
+	drv    vmm.Driver
+	desc   *handles.Descriptor
+	base   vmm.DevicePtr
+	pages  []vmm.Handle
+	recv   *Received // holds the lease
+	via    Transport
+	leased bool
+	ready  chan struct{} // closed when Open's work ended
+	err    error         // of that work, read after ready
+	refs   int           // guarded by registry
+}
+
+type mapKey struct {
+	pid   int
+	token handles.Token
+	drv   vmm.Driver
+	dev   vmm.Device
+}
+
+var registry struct {
+	sync.Mutex
+	m map[mapKey]*mapped
+}
+
+// Open maps the block that desc (a descriptor's wire form, untrusted)
+// names into this process for device dev of drv: it fetches the pages
+// (Fetch, with opts.Fetch), imports each (ImportFD, or ImportFabric for a
+// fabric descriptor), reserves exactly the shared extent (page count times
+// page size), maps the pages in order, and grants dev access to the run
+// with one SetAccess. The fetched fds are closed once imported: the
+// imported handles keep the pages. On any failure everything done is
+// undone and the error says which step failed.
+//
+// Open is safe for concurrent use; concurrent Opens of one descriptor wait
+// for one mapping. ctx bounds the socket exchange.
+func Open(ctx context.Context, desc []byte, drv vmm.Driver, dev vmm.Device, opts OpenOptions) (*Mapping, error) {
+	d, err := handles.ParseDescriptor(desc)
+	if err != nil {
+		return nil, fmt.Errorf("opening a shared block: %w", err)
+	}
+	m := &mapped{drv: drv, desc: d, ready: make(chan struct{}), refs: 1}
+	if reflect.TypeOf(drv) != nil && reflect.TypeOf(drv).Comparable() {
+		m.key = mapKey{d.ExporterPID, d.Token, drv, dev}
+	}
+	if m.key != nil {
+		registry.Lock()
+		if old := registry.m[m.key.(mapKey)]; old != nil {
+			old.refs++
+			registry.Unlock()
+			<-old.ready
+			if old.err != nil {
+				return nil, old.err
+			}
+			return &Mapping{m: old}, nil
+		}
+		if registry.m == nil {
+			registry.m = make(map[mapKey]*mapped)
+		}
+		registry.m[m.key.(mapKey)] = m
+		registry.Unlock()
+	}
+	m.err = m.open(ctx, dev, opts)
+	if m.err != nil {
+		m.err = fmt.Errorf("opening %d-byte block of pid %d: %w", d.Length, d.ExporterPID, m.err)
+		m.forget()
+	}
+	close(m.ready)
+	if m.err != nil {
+		return nil, m.err
+	}
+	return &Mapping{m: m}, nil
+}
+
+// forget takes a failed mapping out of the registry; Opens that waited
+// for it return its error.
+func (m *mapped) forget() {
+	if m.key == nil {
+		return
+	}
+	registry.Lock()
+	delete(registry.m, m.key.(mapKey))
+	registry.Unlock()
+}
+
+// unref drops one reference and tears the mapping down after the last.
+func (m *mapped) unref() error {
+	registry.Lock()
+	m.refs--
+	last := m.refs == 0
+	if last && m.key != nil {
+		delete(registry.m, m.key.(mapKey))
+	}
+	registry.Unlock()
+	if !last {
+		return nil
+	}
+	if err := m.teardown(len(m.pages)); err != nil {
+		return fmt.Errorf("closing the mapping of pid %d's block at %v: %w", m.desc.ExporterPID, m.base, err)
+	}
+	return nil
+}

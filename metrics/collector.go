@@ -1,0 +1,112 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/xseg-dev/xseg/internal/core"
+)
+
+// Source is what a Collector reads: xseg.Allocator and the allocators of
+// packages expandable and fallback satisfy it.
+type Source interface {
+	Stats() core.Stats
+}
+
+// Collector is a prometheus.Collector over one Source. It is safe for
+// concurrent use if the source's Stats is.
+type Collector struct {
+	src      Source
+	pools    []poolMetric
+	counters []counterMetric
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
+
+// poolMetric is one per-pool counter of core.Stats, exported as a gauge
+// of its current value and a gauge of its peak.
+type poolMetric struct {
+	cur, peak *prometheus.Desc
+	get       func(*core.Stats) *core.PoolStat
+}
+
+// counterMetric is one monotonic count of core.Stats.
+type counterMetric struct {
+	desc *prometheus.Desc
+	get  func(*core.Stats) float64
+	// pool, if set, makes the counter per pool from a PoolStat's Allocated.
+	pool func(*core.Stats) *core.PoolStat
+}
+
+// New makes a Collector of src's statistics. constLabels (e.g.
+// {"device": "0"}) go on every series; nil for none.
+func New(src Source, constLabels prometheus.Labels) *Collector {
+	c := &Collector{src: src}
+	pool := []string{"pool"}
+	gauge := func(name, help string, get func(*core.Stats) *core.PoolStat) {
+		c.pools = append(c.pools, poolMetric{
+			cur:  prometheus.NewDesc("xseg_"+name, help, pool, constLabels),
+			peak: prometheus.NewDesc("xseg_"+name+"_peak", "Peak of xseg_"+name+" since the allocator opened or its peaks were reset.", pool, constLabels),
+			get:  get,
+		})
+	}
+	gauge("allocated_bytes", "Bytes of blocks handed out to callers (rounded sizes).", func(s *core.Stats) *core.PoolStat { return &s.AllocatedBytes })
+	gauge("reserved_bytes", "Bytes of device memory the allocator holds: mapped pages and cached ones.", func(s *core.Stats) *core.PoolStat { return &s.ReservedBytes })
+	gauge("active_bytes", "Allocated bytes plus freed blocks still waiting for stream work before reuse.", func(s *core.Stats) *core.PoolStat { return &s.ActiveBytes })
+	gauge("requested_bytes", "Bytes callers asked for, before rounding.", func(s *core.Stats) *core.PoolStat { return &s.RequestedBytes })
+	gauge("allocations", "Blocks handed out now.", func(s *core.Stats) *core.PoolStat { return &s.Allocations })
+	gauge("active_blocks", "Active blocks now.", func(s *core.Stats) *core.PoolStat { return &s.ActiveBlocks })
+	gauge("segments", "Segments now.", func(s *core.Stats) *core.PoolStat { return &s.Segments })
+
+	counter := func(name, help string, get func(*core.Stats) int64) {
+		c.counters = append(c.counters, counterMetric{
+			desc: prometheus.NewDesc("xseg_"+name, help, nil, constLabels),
+			get:  func(s *core.Stats) float64 { return float64(get(s)) },
+		})
+	}
+	c.counters = append(c.counters, counterMetric{
+		desc: prometheus.NewDesc("xseg_allocations_total", "Blocks ever handed out.", pool, constLabels),
+		pool: func(s *core.Stats) *core.PoolStat { return &s.Allocations },
+	})
+	counter("alloc_retries_total", "Allocations retried after the OOM policy freed cached memory.", func(s *core.Stats) int64 { return s.NumAllocRetries })
+	counter("ooms_total", "Out-of-memory errors returned to callers.", func(s *core.Stats) int64 { return s.NumOOMs })
+	counter("maps_total", "Physical pages mapped.", func(s *core.Stats) int64 { return s.Maps })
+	counter("unmaps_total", "Physical pages unmapped.", func(s *core.Stats) int64 { return s.Unmaps })
+	counter("set_access_calls_total", "Set-access driver calls (one per run of pages).", func(s *core.Stats) int64 { return s.SetAccessCalls })
+	counter("syncs_total", "Waits on events or streams.", func(s *core.Stats) int64 { return s.Syncs })
+	counter("pages_created_total", "Physical pages created with the driver.", func(s *core.Stats) int64 { return s.PagesCreated })
+	counter("pages_reused_total", "Physical pages taken from the released-page cache.", func(s *core.Stats) int64 { return s.PagesReused })
+	return c
+}
+
+// Describe sends every metric's description.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, m := range c.pools {
+		ch <- m.cur
+		ch <- m.peak
+	}
+	for _, m := range c.counters {
+		ch <- m.desc
+	}
+}
+
+// Collect reads the source's statistics once and sends every metric.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	st := c.src.Stats()
+	for _, m := range c.pools {
+		ps := m.get(&st)
+		ch <- prometheus.MustNewConstMetric(m.cur, prometheus.GaugeValue, float64(ps.Small.Current), "small")
+		ch <- prometheus.MustNewConstMetric(m.cur, prometheus.GaugeValue, float64(ps.Large.Current), "large")
+		ch <- prometheus.MustNewConstMetric(m.peak, prometheus.GaugeValue, float64(ps.Small.Peak), "small")
+		ch <- prometheus.MustNewConstMetric(m.peak, prometheus.GaugeValue, float64(ps.Large.Peak), "large")
+		ch <- prometheus.MustNewConstMetric(m.peak, prometheus.GaugeValue, float64(ps.All.Peak), "all")
+	}
+	for _, m := range c.counters {
+		if m.pool != nil {
+			ps := m.pool(&st)
+			ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, float64(ps.Small.Allocated), "small")
+			ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, float64(ps.Large.Allocated), "large")
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, m.get(&st))
+	}
+}

@@ -1,0 +1,126 @@
+package metrics
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/xseg-dev/xseg/expandable"
+	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/vmm/host"
+)
+
+// fixed is a Source with set statistics.
+type fixed core.Stats
+
+func (f *fixed) Stats() core.Stats { return core.Stats(*f) }
+
+func sample() *fixed {
+	var st core.Stats
+	st.ReservedBytes.Add(core.Small, 2<<20)
+	st.ReservedBytes.Add(core.Large, 40<<20)
+	st.ReservedBytes.Add(core.Large, -20<<20)
+	st.AllocatedBytes.Add(core.Small, 512)
+	st.Allocations.Add(core.Small, 1)
+	st.Allocations.Add(core.Large, 3)
+	st.Allocations.Add(core.Large, -1)
+	st.NumAllocRetries, st.NumOOMs, st.Maps, st.Unmaps = 2, 1, 21, 10
+	f := fixed(st)
+	return &f
+}
+
+func TestCollectorValues(t *testing.T) {
+	c := New(sample(), prometheus.Labels{"device": "0"})
+	want := `
+# HELP xseg_reserved_bytes Bytes of device memory the allocator holds: mapped pages and cached ones.
+# TYPE xseg_reserved_bytes gauge
+xseg_reserved_bytes{device="0",pool="large"} 2.097152e+07
+xseg_reserved_bytes{device="0",pool="small"} 2.097152e+06
+# HELP xseg_reserved_bytes_peak Peak of xseg_reserved_bytes since the allocator opened or its peaks were reset.
+# TYPE xseg_reserved_bytes_peak gauge
+xseg_reserved_bytes_peak{device="0",pool="all"} 4.4040192e+07
+xseg_reserved_bytes_peak{device="0",pool="large"} 4.194304e+07
+xseg_reserved_bytes_peak{device="0",pool="small"} 2.097152e+06
+# HELP xseg_allocations_total Blocks ever handed out.
+# TYPE xseg_allocations_total counter
+xseg_allocations_total{device="0",pool="large"} 3
+xseg_allocations_total{device="0",pool="small"} 1
+# HELP xseg_allocations Blocks handed out now.
+# TYPE xseg_allocations gauge
+xseg_allocations{device="0",pool="large"} 2
+xseg_allocations{device="0",pool="small"} 1
+# HELP xseg_alloc_retries_total Allocations retried after the OOM policy freed cached memory.
+# TYPE xseg_alloc_retries_total counter
+xseg_alloc_retries_total{device="0"} 2
+# HELP xseg_ooms_total Out-of-memory errors returned to callers.
+# TYPE xseg_ooms_total counter
+xseg_ooms_total{device="0"} 1
+# HELP xseg_maps_total Physical pages mapped.
+# TYPE xseg_maps_total counter
+xseg_maps_total{device="0"} 21
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
+		"xseg_reserved_bytes", "xseg_reserved_bytes_peak", "xseg_allocations_total", "xseg_allocations",
+		"xseg_alloc_retries_total", "xseg_ooms_total", "xseg_maps_total"))
+	// 7 pool metrics x 5 series, 9 counters of which one has 2 series.
+	require.Equal(t, 7*5+8+2, testutil.CollectAndCount(c))
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	require.Empty(t, problems, "names follow the Prometheus conventions")
+	require.NoError(t, prometheus.NewPedanticRegistry().Register(c), "descriptions are consistent")
+}
+
+// TestCollectorAllocator scrapes a live allocator, before and after an
+// allocation.
+func TestCollectorAllocator(t *testing.T) {
+	d, err := host.Open(host.Options{Capacity: 1 << 30})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.Close()) }()
+	a, err := expandable.New(d, 0, expandable.DefaultConfig(), nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, a.Close()) }()
+
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(New(a, prometheus.Labels{"device": "0", "backend": d.Backend()}))
+	count := func(name string) float64 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		var sum float64
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			}
+		}
+		return sum
+	}
+	require.Zero(t, count("xseg_reserved_bytes"))
+	p, err := a.Alloc(3<<20, 0)
+	require.NoError(t, err)
+	require.Equal(t, float64(3<<20), count("xseg_allocated_bytes"))
+	require.Equal(t, float64(20<<20), count("xseg_reserved_bytes"), "one 20 MiB large page")
+	require.Equal(t, float64(1), count("xseg_maps_total"))
+	require.NoError(t, a.Free(p))
+	require.Zero(t, count("xseg_allocated_bytes"))
+	require.Equal(t, float64(1), count("xseg_allocations_total"))
+}
+
+func TestAttr(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}}))
+	log.Info("memory", Attr("xseg", sample().Stats()))
+	require.Equal(t, "level=INFO msg=memory xseg.allocated_bytes=512 xseg.allocated_bytes_peak=512 xseg.reserved_bytes=23068672 "+
+		"xseg.reserved_bytes_peak=44040192 xseg.allocations=3 xseg.segments=0 xseg.alloc_retries=2 xseg.ooms=1 xseg.maps=21 xseg.unmaps=10\n", buf.String())
+}
