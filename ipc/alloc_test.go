@@ -62,7 +62,7 @@ func warmCUDA(d vmm.Driver) error {
 	if err != nil {
 		return err
 	}
-	defer a.Close()
+	defer func() { _ = a.Close() }()
 	p, err := a.Alloc(4<<20, 0)
 	if err != nil {
 		return err
@@ -75,7 +75,7 @@ func warmCUDA(d vmm.Driver) error {
 	if err != nil {
 		return err
 	}
-	defer pin.Unpin()
+	defer func() { _ = pin.Unpin() }()
 	fd, err := d.ExportFD(pin.Pages[0])
 	if err != nil {
 		return err

@@ -44,8 +44,26 @@
 // once every goroutine it started has returned. A [Received] belongs to one
 // goroutine; its Close closes the fds it still holds.
 //
-// Not yet here (later, with the allocator): the importer-side mapping
-// (reserve exactly the shared extent, map, reference count per descriptor)
-// and importer leases that keep a share pinned until every importer has
-// let go.
+// # Importer
+//
+// [Open] maps a descriptor's block into this process: it fetches the pages,
+// imports each into the driver, reserves exactly the shared extent (page
+// count times page size, not the device's memory), maps the pages and
+// grants the device access with one SetAccess. Opens of one descriptor on
+// one driver and device share one mapping, counted by reference; the last
+// [Mapping.Close] unmaps, releases, unreserves and ends the lease. A
+// mapping stays valid after the exporter exits.
+//
+// # Leases
+//
+// An importer served by the exporter's socket keeps that connection open
+// for as long as it holds the pages: its lease. An importer that fetched
+// by pidfd takes a lease-only connection when the exporter serves a socket
+// (if the policy refuses it, the pidfd transport fails, so that no
+// importer maps pages the exporter does not know it holds). The exporter
+// runs a share's release (an allocator's unpin) once the share is closed
+// and every lease has ended; the kernel ends the lease of an importer that
+// dies. An exporter without a socket cannot see its importers: for it, the
+// share's Close is the word that they have let go. Exporter.Close ends
+// every lease.
 package ipc

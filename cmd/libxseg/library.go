@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -144,8 +145,22 @@ func (l *library) driver() vmm.Driver {
 
 // configLocked is the configuration of XSEG_CONF (and its aliases) with
 // conf applied on top.
+//
+// On the CUDA backend pages are created exportable (shareable:true) unless
+// the configuration says otherwise, as PyTorch's expandable segments do, so
+// that xseg_share works on any tensor; it costs nothing on CUDA. The host
+// backend (CI) keeps the default, which spends no file descriptor a page.
 func (l *library) configLocked(conf string) (core.Config, error) {
-	cfg, err := core.ConfigFromEnv(l.getenv)
+	getenv := l.getenv
+	if backend, _, err := backendFromEnv(l.getenv); err == nil && backend == "cuda" {
+		getenv = func(k string) string {
+			if k == "XSEG_CONF" {
+				return strings.TrimSuffix("shareable:true,"+l.getenv(k), ",")
+			}
+			return l.getenv(k)
+		}
+	}
+	cfg, err := core.ConfigFromEnv(getenv)
 	if err != nil {
 		return cfg, fmt.Errorf("reading the configuration from the environment: %w", err)
 	}

@@ -242,3 +242,23 @@ func TestParseLevel(t *testing.T) {
 	l := newLibrary(env{envLog: "debug"}.get, nil)
 	require.Equal(t, slog.LevelDebug, l.level.Level(), "XSEG_LOG is read at load")
 }
+
+// On CUDA pages are exportable unless the configuration says otherwise; on
+// the host backend they are not, unless asked for.
+func TestShareableDefault(t *testing.T) {
+	for _, tc := range []struct {
+		env  env
+		want bool
+	}{
+		{env{}, true},
+		{env{"XSEG_CONF": "shareable:false"}, false},
+		{env{"XSEG_BACKEND": "host"}, false},
+		{env{"XSEG_BACKEND": "host", "XSEG_CONF": "shareable:true"}, true},
+		{env{"XSEG_CONF": "oom_max_retries:2"}, true},
+	} {
+		l := newLibrary(tc.env.get, nil)
+		cfg, err := l.configLocked("")
+		require.NoError(t, err, "%v", tc.env)
+		require.Equal(t, tc.want, cfg.Shareable, "%v", tc.env)
+	}
+}

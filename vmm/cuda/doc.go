@@ -33,26 +33,15 @@
 // thread's current context and makes the call it wraps in one cgo
 // crossing, so the goroutine cannot change threads in between:
 //
-//   - If the thread's current context fits the call (PyTorch's threads,
-//     where the device's primary context is current), the call runs as is
-//     and nothing is changed.
-//   - If the thread has no context (a thread of the Go runtime), the
-//     primary context the call needs (device 0's for calls that any
-//     context will do) is made current with cuCtxSetCurrent and left
-//     there: the next call on that thread takes the first rule, and pays
-//     no push and pop. A context left this way is replaced in the same
-//     way when a later call on the thread needs another device's.
-//   - If the thread has another context of its own (one the caller made
-//     current), the context the call needs is pushed for the call and
+//   - If the thread's current context is the one the call needs (PyTorch's
+//     threads, where the device's primary context is current), the call
+//     runs as is and nothing is changed.
+//   - Otherwise the device's primary context is pushed for the call and
 //     popped after it, leaving the thread as it found it.
 //
-// Close does not clear the contexts left on threads: it cannot reach
-// them. When no one else holds a device's primary context, Close
-// deactivates it; a Driver opened later retains it again and works on
-// those threads, whose context it replaces if the driver hands out a new
-// handle. Code other than this package that calls the driver on the Go
-// runtime's threads should make its own context current, as CUDA asks
-// of every library.
+// The push and pop cost 35-50 ns a call. Leaving the context current on
+// the Go runtime's threads would save them, but Close could then not
+// release the contexts for good: it cannot reach those threads.
 //
 // Calls tied to a device (MemInfo, MemAlloc, streams, events, copies) need
 // that device's primary context. The VMM calls are not tied to one: they

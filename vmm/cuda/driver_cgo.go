@@ -4,8 +4,6 @@ package cuda
 
 /*
 #include "xseg_cuda.h"
-
-__thread CUcontext xs_left __attribute__((visibility("hidden"))); // see xseg_cuda.h
 */
 import "C"
 

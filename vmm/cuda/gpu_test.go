@@ -7,16 +7,16 @@ import (
 	"errors"
 	"runtime"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/vmm"
 )
 
-// TestContextRules checks what a call does to the thread's context: a
-// thread with none is left with device 0's primary context current (the
-// next call takes the fast path), and a thread that has the device's
-// primary context current (PyTorch's threads) keeps it.
+// TestContextRules checks that a call leaves the thread's context as it
+// found it: none stays none (our goroutines), and the device's primary
+// context stays current (PyTorch's threads).
 func TestContextRules(t *testing.T) {
 	d := openGPU(t)
 	runtime.LockOSThread()
@@ -27,53 +27,51 @@ func TestContextRules(t *testing.T) {
 		require.NoError(t, d.setCurrentContext(dev))
 		before, _, err := d.currentContext(0)
 		require.NoError(t, err)
-		require.Equal(t, dev < 0, before == 0, "set up with device %d's context", dev)
-		_, _, err = d.MemInfo(0)
-		require.NoError(t, err)
-		p, h := mapPage(t, d, 0)
-		require.NoError(t, d.Memset(p, 7, 4096))
-		require.NoError(t, d.Unmap(p, d.books.Granularity()))
-		require.NoError(t, d.Release(h))
-		require.NoError(t, d.Unreserve(p, d.books.Granularity()))
+		cycle(t, d)
 		after, primary, err := d.currentContext(0)
 		require.NoError(t, err)
-		require.True(t, primary, "started with device %d's context: device 0's primary context is current after", dev)
-		if dev == 0 {
-			require.Equal(t, before, after, "a context the thread had is kept")
-		}
+		require.Equal(t, before, after, "current context changed by calls (started with device %d's)", dev)
+		require.Equal(t, dev == 0, primary)
 	}
 }
 
-// TestContextAfterReopen checks a thread that a closed Driver left with
-// device 0's primary context current: a Driver opened later works on it,
-// and leaves its own primary context current.
+// TestContextAfterReopen checks that Close leaves no context current on
+// the thread, and that a Driver opened after it works and gets the same
+// primary context handle.
 func TestContextAfterReopen(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	first, err := Open()
-	if err != nil {
-		openGPU(t) // skips, or fails under XSEG_REQUIRE_GPU=1
-		t.Fatalf("opening the CUDA driver: %v", err)
-	}
+	first := openGPU(t)
 	require.NoError(t, first.setCurrentContext(-1))
-	_, _, err = first.MemInfo(0)
-	require.NoError(t, err)
-	left, primary, err := first.currentContext(0)
-	require.NoError(t, err)
-	require.True(t, primary, "the call left device 0's primary context")
+	cycle(t, first)
+	ctx := uintptr(unsafe.Pointer(first.devs[0].Load().ctx))
 	require.NoError(t, first.Close())
+	now, _, err := first.currentContext(0)
+	if err == nil {
+		require.Zero(t, now, "no context is current after Close")
+	}
 
 	d := openGPU(t)
-	defer func() { require.NoError(t, d.setCurrentContext(-1)) }()
+	cycle(t, d)
+	now, primary, err := d.currentContext(0)
+	require.NoError(t, err)
+	require.Zero(t, now, "no context is current after the calls")
+	require.False(t, primary)
+	again := uintptr(unsafe.Pointer(d.devs[0].Load().ctx))
+	t.Logf("primary context handle before Close %#x, after re-Open %#x", ctx, again)
+}
+
+// cycle takes one page through its life on d, with a memset and a
+// memory query on the way.
+func cycle(t *testing.T, d *Driver) {
+	t.Helper()
+	_, _, err := d.MemInfo(0)
+	require.NoError(t, err)
 	p, h := mapPage(t, d, 0)
 	require.NoError(t, d.Memset(p, 7, 4096))
 	require.NoError(t, d.Unmap(p, d.books.Granularity()))
 	require.NoError(t, d.Release(h))
 	require.NoError(t, d.Unreserve(p, d.books.Granularity()))
-	now, primary, err := d.currentContext(0)
-	require.NoError(t, err)
-	require.True(t, primary, "the new Driver's primary context is current")
-	t.Logf("primary context handle before Close %#x, after re-Open %#x", left, now)
 }
 
 // mapPage reserves, creates and maps one granule on dev, read-write.

@@ -154,33 +154,25 @@ typedef struct {
 
 enum { XS_NUM_ENTRY_POINTS = 0 XS_ENTRY_POINTS(XS_COUNT) };
 
-// xs_left is the context xseg made current on this thread, because the
-// thread had none, and left there (NULL: none). Later calls on the thread
-// then find a fitting context and change nothing.
-extern __thread CUcontext xs_left __attribute__((visibility("hidden")));
-
 // xs_enter makes a context fit for a call current on the calling thread.
 // want is the context the call needs; NULL means any context will do (the
-// thread's, or s->fallback if it has none). It sets *pushed when it pushed
-// want, for xs_leave to pop. The rules:
-//   - the current context fits (it is want, or want is NULL and the thread
-//     has a context xseg did not leave there, such as PyTorch's): nothing
-//     changes;
-//   - the thread has no context, or only the one xseg left: want (or the
-//     fallback) is made current with cuCtxSetCurrent and left current, so
-//     that the next call on the thread takes the first rule;
-//   - the thread has another context (a caller's): want is pushed for the
-//     call and popped after it, leaving the thread as it was.
+// thread's, or s->fallback if it has none). When the thread's current
+// context already fits, nothing changes, so a caller that made the
+// device's context current (PyTorch's threads) pays one cuCtxGetCurrent.
+// Otherwise the context is pushed, and *pushed set for xs_leave to pop it
+// after the call, leaving the thread as it was.
+//
+// Leaving the context current on a thread that had none would save the
+// push and pop (35-50 ns on an H200 host: BenchmarkEventQuery, none minus
+// current), but a primary context released by Close then appears to live
+// on, with the device's file descriptors, while it is current on some
+// thread (the conformance suite's fd check saw a second GPU's descriptors
+// outlive Close), and Close cannot reach other threads.
 static inline CUresult xs_enter(xs_syms *s, CUcontext want, int *pushed) {
 	CUcontext cur = NULL, w = want ? want : s->fallback;
 	*pushed = 0;
 	CUresult r = s->cuCtxGetCurrent(&cur);
-	if (r != CUDA_SUCCESS || cur == w) return r;
-	if (cur == NULL || cur == xs_left) {
-		if ((r = s->cuCtxSetCurrent(w)) == CUDA_SUCCESS) xs_left = w;
-		return r;
-	}
-	if (!want) return CUDA_SUCCESS;
+	if (r != CUDA_SUCCESS || cur == w || (!want && cur != NULL)) return r;
 	if ((r = s->cuCtxPushCurrent(w)) == CUDA_SUCCESS) *pushed = 1;
 	return r;
 }

@@ -27,6 +27,7 @@ func warmUp(t *testing.T, c Config) {
 	if err != nil {
 		t.Logf("vmmtest: warm-up of %s: %v", c.Name, err)
 	}
+	keepPeer(t, c)
 }
 
 // warmPage makes an exportable page, maps it, exports and imports it, and a
