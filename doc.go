@@ -7,8 +7,12 @@
 // an allocator (package expandable: one reserved address range per stream
 // and pool, physical pages mapped into it on demand, best-fit blocks,
 // stream-ordered reuse, whole free pages given back on EmptyCache, on OOM
-// and above a release threshold). Every allocator implements [Allocator]
-// and is safe for concurrent use.
+// and above a release threshold). On a device without virtual memory
+// management it picks package fallback instead: the same block core over
+// plain allocations. [ChooseAllocator] says which and why; Options force
+// either. Every allocator implements [Allocator] and is safe for concurrent
+// use. [OpenDevices] holds one allocator per device of a driver and grants
+// peer access between them.
 //
 //	a, err := xseg.Open(xseg.Options{})
 //	if err != nil { ... }

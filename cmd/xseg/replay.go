@@ -87,7 +87,11 @@ func runReplay(f *replayFlags, paths []string, stdout, stderr io.Writer) error {
 		plot: newTracePlot(f.plot, len(traces))}
 	out := newResultPrinter(stdout, f.json)
 	if !f.json {
-		fmt.Fprintf(stdout, "backend %s, allocator %s, device %d\n", d.Backend(), f.allocator.value, f.device)
+		name := f.allocator.value
+		if c, err := xseg.ChooseAllocator(d, vmm.Device(f.device), name); err == nil {
+			name = c.Allocator
+		}
+		fmt.Fprintf(stdout, "backend %s, allocator %s, device %d\n", d.Backend(), name, f.device)
 	}
 	var errs []error
 	for _, t := range traces {
