@@ -34,10 +34,13 @@ type block struct {
 	seg        *Seg
 	prev, next *block
 	nextExact  *block // next of the same exact-size list
-	uses       []vmm.Stream
-	events     int // pending events before a pending block is free
-	state      blockState
-	inExact    bool
+	// list is the exact-size list the block was last in or taken from,
+	// a hint that spares pushExact a map lookup; it may be stale.
+	list    *exactList
+	uses    []vmm.Stream
+	events  int // pending events before a pending block is free
+	state   blockState
+	inExact bool
 }
 
 func (b *block) end() vmm.DevicePtr { return b.ptr.Add(b.size) }
@@ -62,6 +65,9 @@ type state struct {
 	key   stateKey
 	segs  []*Seg
 	exact map[uint64]*exactList // freed blocks not yet coalesced, by size
+	// recent caches lists of exact, direct-mapped by size, so that the
+	// warm path finds a list without a map lookup.
+	recent [32]*exactList
 	// exactN counts the blocks in exact lists.
 	exactN int
 	free   *btree.BTreeG[*block] // coalesced free blocks by (size, ptr)
@@ -71,7 +77,13 @@ type state struct {
 }
 
 // exactList is a list of free blocks of one size, through nextExact.
-type exactList struct{ head *block }
+// dead marks a list flush has dropped from its state's map: a block's
+// hint to it is then stale.
+type exactList struct {
+	head *block
+	size uint64
+	dead bool
+}
 
 // maxSizes bounds the sizes with an exact-size list; flush forgets them
 // beyond it.
@@ -91,16 +103,32 @@ func newState(k stateKey, fl *btree.FreeListG[*block]) *state {
 
 // popExact takes a block of exactly size bytes from the exact lists.
 func (s *state) popExact(size uint64) *block {
-	l := s.exact[size]
-	if l == nil || l.head == nil || !isolated(l.head) {
-		return nil
+	i := (size / MinBlock) % uint64(len(s.recent))
+	l := s.recent[i]
+	if l == nil || l.size != size {
+		if l = s.exact[size]; l == nil {
+			return nil
+		}
+		s.recent[i] = l
 	}
 	b := l.head
+	if b == nil || !isolated(b) {
+		return nil
+	}
 	l.head = b.nextExact
-	b.nextExact, b.inExact = nil, false
+	b.nextExact, b.inExact, b.list = nil, false, l
 	s.exactN--
 	s.freeBytes -= b.size
 	return b
+}
+
+// dropLists forgets every exact-size list; they must be empty.
+func (s *state) dropLists() {
+	for _, l := range s.exact {
+		l.dead = true
+	}
+	clear(s.exact)
+	clear(s.recent[:])
 }
 
 // isolated reports whether no coalesced free block or hole lies next to
@@ -117,10 +145,13 @@ func isolated(b *block) bool {
 
 // pushExact parks a free block in its exact-size list.
 func (s *state) pushExact(b *block) {
-	l := s.exact[b.size]
-	if l == nil {
-		l = &exactList{}
-		s.exact[b.size] = l
+	l := b.list
+	if l == nil || l.dead || l.size != b.size {
+		if l = s.exact[b.size]; l == nil {
+			l = &exactList{size: b.size}
+			s.exact[b.size] = l
+		}
+		b.list = l
 	}
 	b.nextExact = l.head
 	b.inExact = true

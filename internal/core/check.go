@@ -61,7 +61,15 @@ func pick(s *PoolStat, p Pool) int64 {
 func (h *Heap) verifyState(st *state, t *tally) error {
 	exact := 0
 	var freeBytes uint64
+	for _, l := range st.recent {
+		if l != nil && (l.dead || st.exact[l.size] != l) {
+			return fmt.Errorf("the recent-list cache holds a list of size %d that is not its state's", l.size)
+		}
+	}
 	for size, l := range st.exact {
+		if l.size != size || l.dead {
+			return fmt.Errorf("exact list under size %d says size %d, dead %v", size, l.size, l.dead)
+		}
 		for b := l.head; b != nil; b = b.nextExact {
 			if !b.inExact || b.state != stFree || b.size != size || b.seg.st != st {
 				return fmt.Errorf("block %v+%d in the exact list of size %d is not a free block of its state", b.ptr, b.size, size)

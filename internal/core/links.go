@@ -77,7 +77,7 @@ func (h *Heap) flush(st *state) {
 		}
 	}
 	if len(st.exact) > maxSizes {
-		clear(st.exact)
+		st.dropLists()
 	}
 }
 

@@ -11,15 +11,26 @@ type Stat struct {
 
 // Add changes the counter by n (negative to take away) and keeps the peak.
 func (s *Stat) Add(n int64) {
-	s.Current += n
 	if n >= 0 {
-		s.Allocated += n
+		s.up(n)
 	} else {
-		s.Freed -= n
+		s.down(-n)
 	}
+}
+
+// up adds n >= 0: Add without the sign test.
+func (s *Stat) up(n int64) {
+	s.Current += n
+	s.Allocated += n
 	if s.Current > s.Peak {
 		s.Peak = s.Current
 	}
+}
+
+// down takes n >= 0 away: Add without the sign and peak tests.
+func (s *Stat) down(n int64) {
+	s.Current -= n
+	s.Freed += n
 }
 
 // ResetPeak makes the peak the current value.
@@ -51,12 +62,31 @@ func (p Pool) String() string {
 
 // Add changes the counter of pool p and of all pools by n.
 func (s *PoolStat) Add(p Pool, n int64) {
-	s.All.Add(n)
-	if p == Small {
-		s.Small.Add(n)
+	if n >= 0 {
+		s.up(p, n)
 	} else {
-		s.Large.Add(n)
+		s.down(p, -n)
 	}
+}
+
+// pool is the counter of pool p.
+func (s *PoolStat) pool(p Pool) *Stat {
+	if p == Small {
+		return &s.Small
+	}
+	return &s.Large
+}
+
+// up adds n >= 0 to the counter of all pools and to p's.
+func (s *PoolStat) up(p Pool, n int64) {
+	s.All.up(n)
+	s.pool(p).up(n)
+}
+
+// down takes n >= 0 away from the counter of all pools and from p's.
+func (s *PoolStat) down(p Pool, n int64) {
+	s.All.down(n)
+	s.pool(p).down(n)
 }
 
 // ResetPeak resets the peaks of all three counters.
