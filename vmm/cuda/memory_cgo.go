@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/internal/ledger"
 )
 
 // The methods below move address ranges and pages through the state
@@ -147,7 +148,8 @@ func (d *Driver) Unmap(ptr vmm.DevicePtr, size uint64) error {
 	if err := d.live(); err != nil {
 		return err
 	}
-	ms, err := d.books.BeginUnmap(ptr, size)
+	var buf [4]ledger.Mapping // room for the usual few, on the stack
+	ms, err := d.books.BeginUnmap(ptr, size, buf[:0])
 	if err != nil {
 		return err
 	}

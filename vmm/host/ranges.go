@@ -132,7 +132,7 @@ func (d *Driver) Unmap(ptr vmm.DevicePtr, size uint64) error {
 	defer d.life.RUnlock()
 	d.prot.Lock()
 	defer d.prot.Unlock()
-	ms, err := d.books.BeginUnmap(ptr, size)
+	ms, err := d.books.BeginUnmap(ptr, size, nil)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,14 @@ import (
 	"github.com/xseg-dev/xseg/vmm"
 )
 
+// Access lists are interned: the ledger keeps each distinct list once, in
+// Ledger.lists (id 0 is the empty list), and a mapping holds the id of its
+// list in Ledger.accs, next to its slot's index. Granting access over a run
+// then reads the run's slots and writes one small id a mapping, and the
+// Mappings handed out share the interned lists (never changed in place).
+// The distinct lists are few: one per combination of devices and flags in
+// use.
+
 // AccessUndo is what RestoreAccess needs to undo a GrantAccess: the
 // access the mappings of [Ptr, End) had before, as runs of mappings that
 // had the same. It is a value; the common case, a run whose mappings all
@@ -15,10 +23,10 @@ type AccessUndo struct {
 	more  []accessRun
 }
 
-// accessRun is [ptr, end), whose mappings all had access.
+// accessRun is [ptr, end), whose mappings all had the access list acc.
 type accessRun struct {
 	ptr, end vmm.DevicePtr
-	access   []vmm.AccessDesc
+	acc      uint32
 }
 
 // checkAccess refuses unknown access flags and an empty list.
@@ -42,27 +50,44 @@ func (l *Ledger) GrantAccess(ptr vmm.DevicePtr, size uint64, access []vmm.Access
 	if err := checkAccess(ptr, access); err != nil {
 		return AccessUndo{}, err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	ms, err := l.covering("setting access", ptr, size)
-	if err != nil {
+	if err := l.checkAligned("setting access", ptr, size); err != nil {
 		return AccessUndo{}, err
 	}
-	var u AccessUndo
+	l.mu.Lock()
+	u, err := l.grantAccess(ptr, size, access)
+	l.mu.Unlock()
+	return u, err
+}
+
+// grantAccess checks the cover and grants as it goes, in one walk; a gap
+// found on the way undoes what was granted.
+func (l *Ledger) grantAccess(ptr vmm.DevicePtr, size uint64, access []vmm.AccessDesc) (u AccessUndo, err error) {
+	w := walk{l: l, at: ptr}
+	if w.slot() == 0 {
+		return AccessUndo{}, l.notMapped("setting access", ptr, size)
+	}
 	cur := &u.first
-	var lastNew []vmm.AccessDesc
-	for i, m := range ms {
-		if i == 0 || !sameAccess(m.Access, cur.access) {
-			if i > 0 {
-				u.more = append(u.more, accessRun{ptr: m.Ptr, access: m.Access})
+	var newID uint32
+	maps, accs := l.maps, l.accs
+	for end, first := ptr.Add(size), true; w.at < end; first = false {
+		s := w.slot()
+		if s == 0 || maps[s-1].Ptr != w.at || maps[s-1].Size > uint64(end-w.at) {
+			l.restore(u)
+			return AccessUndo{}, l.notCovered("setting access", ptr, size, w.at)
+		}
+		i := s - 1
+		if old := accs[i]; first || old != cur.acc {
+			if !first {
+				u.more = append(u.more, accessRun{ptr: w.at, acc: old})
 				cur = &u.more[len(u.more)-1]
 			} else {
-				*cur = accessRun{ptr: m.Ptr, access: m.Access}
+				*cur = accessRun{ptr: w.at, acc: old}
 			}
-			lastNew = l.merge(m.Access, access)
+			newID = l.merge(old, access)
 		}
-		cur.end = m.end()
-		m.Access = lastNew
+		accs[i] = newID
+		w.at = w.at.Add(maps[i].Size)
+		cur.end = w.at
 	}
 	return u, nil
 }
@@ -71,18 +96,29 @@ func (l *Ledger) GrantAccess(ptr vmm.DevicePtr, size uint64, access []vmm.Access
 func (l *Ledger) RestoreAccess(u AccessUndo) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.restore(u)
+}
+
+func (l *Ledger) restore(u AccessUndo) {
 	l.restoreRun(u.first)
 	for _, r := range u.more {
 		l.restoreRun(r)
 	}
 }
 
-func (l *Ledger) restoreRun(r accessRun) {
-	lo, hi := l.keys(r.ptr, r.end)
-	l.maps.AscendRange(lo, hi, func(m *Mapping) bool {
-		m.Access = r.access
-		return true
-	})
+// restoreRun gives the mappings in [run.ptr, run.end) (those still there)
+// the access run recorded.
+func (l *Ledger) restoreRun(run accessRun) {
+	w := walk{l: l, at: run.ptr} // outside the loop: one variable, not one an iteration
+	for w.at < run.end {
+		s := w.slot()
+		if s == 0 {
+			w.at = w.at.Add(l.gran)
+			continue
+		}
+		l.accs[s-1] = run.acc
+		w.at = l.at(s).end()
+	}
 }
 
 // SetAccess checks that [ptr, ptr+size) is covered by mappings and records
@@ -95,47 +131,23 @@ func (l *Ledger) SetAccess(ptr vmm.DevicePtr, size uint64, access []vmm.AccessDe
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ms, err := l.covering("setting access", ptr, size)
+	n, err := l.covering("setting access", ptr, size)
 	if err != nil {
 		return nil, err
 	}
-	// The mappings of a run usually share their access: merge once for
-	// each distinct old value, and share the merged slice (never mutated).
-	old := make([]Mapping, len(ms))
-	var lastOld, lastNew []vmm.AccessDesc
-	for i, m := range ms {
-		old[i] = *m
-		if i == 0 || !sameAccess(m.Access, lastOld) {
-			lastOld, lastNew = m.Access, l.merge(m.Access, access)
+	old := make([]Mapping, 0, n)
+	var lastOld, lastNew uint32
+	w := walk{l: l, at: ptr} // outside the loop: one variable, not one an iteration
+	for first := true; len(old) < n; first = false {
+		s := w.slot()
+		old = append(old, l.view(s))
+		if o := l.accs[s-1]; first || o != lastOld {
+			lastOld, lastNew = o, l.merge(o, access)
 		}
-		m.Access = lastNew
+		l.accs[s-1] = lastNew
+		w.at = l.at(s).end()
 	}
 	return old, nil
-}
-
-// merge returns old with set applied, sharing old or the list granted last
-// where one of them is equal to the result.
-func (l *Ledger) merge(old, set []vmm.AccessDesc) []vmm.AccessDesc {
-	if len(set) == 1 {
-		// The common case: one device's access, no allocation needed to
-		// tell whether it changes anything.
-		s := set[0]
-		if len(old) == 0 && s.Flags != vmm.AccessNone && sameAccess(l.granted, set) {
-			return l.granted
-		}
-		if len(old) == 1 && old[0] == s {
-			return old
-		}
-	}
-	m := mergeAccess(old, set)
-	if sameAccess(m, old) && old != nil {
-		return old
-	}
-	if sameAccess(m, l.granted) && l.granted != nil {
-		return l.granted
-	}
-	l.granted = m
-	return m
 }
 
 // UndoAccess restores the access of mappings SetAccess changed.
@@ -143,10 +155,35 @@ func (l *Ledger) UndoAccess(ms []Mapping) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, o := range ms {
-		if m := l.mappingAt(o.Ptr); m != nil && m.Ptr == o.Ptr {
-			m.Access = o.Access
+		if r := l.rangeAt(o.Ptr); r != nil {
+			if s := r.slot(uint64(o.Ptr-r.ptr) >> l.shift); s != 0 && l.at(s).Ptr == o.Ptr {
+				l.accs[s-1] = l.intern(o.Access)
+			}
 		}
 	}
+}
+
+// merge returns the id of list old with set applied. Granting what a
+// mapping has already allocates nothing, nor does granting a list that
+// some mapping has had before.
+func (l *Ledger) merge(old uint32, set []vmm.AccessDesc) uint32 {
+	cur := l.lists[old]
+	if len(set) == 1 && len(cur) == 1 && cur[0] == set[0] {
+		return old
+	}
+	l.scratch = appendMerged(l.scratch[:0], cur, set)
+	return l.intern(l.scratch)
+}
+
+// intern returns the id of list, which it adds (a copy) if it is new.
+func (l *Ledger) intern(list []vmm.AccessDesc) uint32 {
+	for i, x := range l.lists {
+		if sameAccess(x, list) {
+			return uint32(i)
+		}
+	}
+	l.lists = append(l.lists, append([]vmm.AccessDesc(nil), list...))
+	return uint32(len(l.lists) - 1)
 }
 
 func sameAccess(a, b []vmm.AccessDesc) bool {
@@ -161,8 +198,9 @@ func sameAccess(a, b []vmm.AccessDesc) bool {
 	return true
 }
 
-func mergeAccess(old, set []vmm.AccessDesc) []vmm.AccessDesc {
-	out := make([]vmm.AccessDesc, 0, len(old)+len(set))
+// appendMerged appends to out the list old with set applied: set's entries
+// replace old's for the same device, and AccessNone removes the device.
+func appendMerged(out, old, set []vmm.AccessDesc) []vmm.AccessDesc {
 	for _, o := range old {
 		keep := true
 		for _, s := range set {

@@ -21,6 +21,7 @@ func BenchmarkPageCycle(b *testing.B) {
 		}
 	}
 	b.ReportAllocs()
+	var buf [1]ledger.Mapping
 	for b.Loop() {
 		l.AddPage(1, 0, G, vmm.HandleNone)
 		if _, err := l.BeginMap(at(1500), G, 1, 0); err != nil {
@@ -29,7 +30,7 @@ func BenchmarkPageCycle(b *testing.B) {
 		if _, err := l.SetAccess(at(1500), G, vmm.ReadWrite(0)); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := l.BeginUnmap(at(1500), G); err != nil {
+		if _, err := l.BeginUnmap(at(1500), G, buf[:0]); err != nil {
 			b.Fatal(err)
 		}
 		if _, err := l.BeginRelease(1); err != nil {
@@ -46,6 +47,7 @@ func BenchmarkSetAccessRun64(b *testing.B) {
 		l.AddPage(vmm.Handle(1+i), 0, G, vmm.HandleNone)
 	}
 	b.ReportAllocs()
+	buf := make([]ledger.Mapping, 0, 64)
 	for b.Loop() {
 		for i := uint64(0); i < 64; i++ {
 			if _, err := l.BeginMap(at(i), G, vmm.Handle(1+i), 0); err != nil {
@@ -55,7 +57,7 @@ func BenchmarkSetAccessRun64(b *testing.B) {
 		if _, err := l.SetAccess(base, 64*G, vmm.ReadWrite(0)); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := l.BeginUnmap(base, 64*G); err != nil {
+		if _, err := l.BeginUnmap(base, 64*G, buf[:0]); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -109,8 +111,9 @@ func BenchmarkOps(b *testing.B) {
 	})
 	b.Run("unmap+undo", func(b *testing.B) {
 		l := warm(b)
+		var buf [1]ledger.Mapping
 		for b.Loop() {
-			ms, err := l.BeginUnmap(at(500), G)
+			ms, err := l.BeginUnmap(at(500), G, buf[:0])
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -16,9 +16,9 @@ package ledger
 
 import (
 	"fmt"
+	"math/bits"
+	"slices"
 	"sync"
-
-	"github.com/google/btree"
 
 	"github.com/xseg-dev/xseg/vmm"
 )
@@ -49,29 +49,41 @@ type Mapping struct {
 
 func (m Mapping) end() vmm.DevicePtr { return m.Ptr.Add(m.Size) }
 
-type span struct {
-	ptr  vmm.DevicePtr
-	size uint64
+// mapRec is a live mapping in Ledger.maps. Its access list is kept apart
+// (Ledger.accs): Mapping.Access is nil here.
+type mapRec struct {
+	Mapping
+	page uint32 // the page's index in Ledger.pageRecs, or noPage
 }
 
-func (s span) end() vmm.DevicePtr { return s.ptr.Add(s.size) }
+// noPage marks a mapping whose page is not live (see UndoUnmap).
+const noPage = ^uint32(0)
 
 // Ledger is the book of one backend.
 type Ledger struct {
-	gran uint64
-	mu   sync.Mutex
+	gran  uint64
+	shift uint // log2(gran)
+	mu    sync.Mutex
 	// guarded by mu
-	ranges *btree.BTreeG[span]
-	maps   *btree.BTreeG[*Mapping]
-	lo, hi Mapping // search keys, reused so that lookups do not allocate
-	// run holds the mappings covering collected last, reused across calls
-	// (cleared at the next, dropped when large).
-	run []*Mapping
-	// granted is the access list SetAccess gave last, shared by every
-	// mapping given an equal list (lists are never changed in place), so
-	// that granting the same access again allocates nothing.
-	granted []vmm.AccessDesc
-	pages   map[vmm.Handle]Page // by value: adding a page allocates nothing
+	ranges []*reservation // by address; few
+	last   *reservation   // the reservation found last
+	spare  []*chunk       // empty chunks for reuse (see index.go)
+	// maps holds the live mappings, at the indexes the reservations'
+	// slots name; freeMaps lists the indexes not in use. Nothing is
+	// allocated per mapping once maps has grown to the number live.
+	maps     []mapRec
+	freeMaps []uint32
+	// pages indexes pageRecs, which holds the live pages by value (so
+	// adding a page allocates nothing); freePages lists unused indexes.
+	pages     map[vmm.Handle]uint32
+	pageRecs  []Page
+	freePages []uint32
+	// accs[i] is the id of the access list of maps[i] in lists, whose
+	// entry 0 is the empty list (see access.go); scratch is reused to merge
+	// lists.
+	accs    []uint32
+	lists   [][]vmm.AccessDesc
+	scratch []vmm.AccessDesc
 	allocs  map[vmm.DevicePtr]uint64
 	streams map[vmm.Stream]vmm.Device
 	events  map[vmm.Event]vmm.Device
@@ -86,9 +98,9 @@ func New(gran uint64) *Ledger {
 	}
 	return &Ledger{
 		gran:    gran,
-		ranges:  btree.NewG(16, func(a, b span) bool { return a.ptr < b.ptr }),
-		maps:    btree.NewG(16, func(a, b *Mapping) bool { return a.Ptr < b.Ptr }),
-		pages:   make(map[vmm.Handle]Page),
+		shift:   uint(bits.TrailingZeros64(gran)),
+		pages:   make(map[vmm.Handle]uint32),
+		lists:   [][]vmm.AccessDesc{nil},
 		allocs:  make(map[vmm.DevicePtr]uint64),
 		streams: make(map[vmm.Stream]vmm.Device),
 		events:  make(map[vmm.Event]vmm.Device),
@@ -101,14 +113,14 @@ func (l *Ledger) Granularity() uint64 { return l.gran }
 // CheckSize reports ErrInvalid unless size is a positive multiple of the
 // granularity.
 func (l *Ledger) CheckSize(what string, size uint64) error {
-	if size == 0 || size%l.gran != 0 {
+	if size == 0 || size&(l.gran-1) != 0 {
 		return fmt.Errorf("%s size %d is not a positive multiple of the granularity %d: %w", what, size, l.gran, vmm.ErrInvalid)
 	}
 	return nil
 }
 
 func (l *Ledger) checkAligned(what string, ptr vmm.DevicePtr, size uint64) error {
-	if uint64(ptr)%l.gran != 0 {
+	if uint64(ptr)&(l.gran-1) != 0 {
 		return fmt.Errorf("%s address %v is not aligned to the granularity %d: %w", what, ptr, l.gran, vmm.ErrInvalid)
 	}
 	if ptr.Add(size) < ptr {
@@ -124,13 +136,26 @@ func (l *Ledger) Usage() vmm.Usage {
 	return l.usage
 }
 
-// AddRange records a range the backend has just reserved.
+// AddRange records a range the backend has just reserved. Its index costs
+// nothing until something is mapped in it.
 func (l *Ledger) AddRange(ptr vmm.DevicePtr, size uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.ranges.ReplaceOrInsert(span{ptr, size})
+	r := &reservation{ptr: ptr, size: size, granules: size >> l.shift}
+	i, _ := slices.BinarySearchFunc(l.ranges, ptr, byStart)
+	l.ranges = slices.Insert(l.ranges, i, r)
 	l.usage.Ranges++
 	l.usage.RangeBytes += size
+}
+
+func byStart(r *reservation, p vmm.DevicePtr) int {
+	switch {
+	case r.ptr < p:
+		return -1
+	case r.ptr > p:
+		return 1
+	}
+	return 0
 }
 
 // BeginUnreserve checks that [ptr, ptr+size) is exactly one reserved range
@@ -138,14 +163,19 @@ func (l *Ledger) AddRange(ptr vmm.DevicePtr, size uint64) {
 func (l *Ledger) BeginUnreserve(ptr vmm.DevicePtr, size uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	r, ok := l.ranges.Get(span{ptr: ptr})
-	if !ok || r.size != size {
+	i, ok := slices.BinarySearchFunc(l.ranges, ptr, byStart)
+	if !ok || l.ranges[i].size != size {
 		return fmt.Errorf("unreserving %v+%d: not a reserved range: %w", ptr, size, vmm.ErrInvalid)
 	}
-	if n := l.mappingsIn(ptr, ptr.Add(size)); n > 0 {
-		return fmt.Errorf("unreserving %v+%d: %d mappings remain: %w", ptr, size, n, vmm.ErrInUse)
+	r := l.ranges[i]
+	if r.mappings > 0 {
+		return fmt.Errorf("unreserving %v+%d: %d mappings remain: %w", ptr, size, r.mappings, vmm.ErrInUse)
 	}
-	l.ranges.Delete(r)
+	// Nothing is mapped, so every chunk is gone: the directory goes with r.
+	l.ranges = slices.Delete(l.ranges, i, i+1)
+	if l.last == r {
+		l.last = nil
+	}
 	l.usage.Ranges--
 	l.usage.RangeBytes -= size
 	return nil
@@ -153,61 +183,3 @@ func (l *Ledger) BeginUnreserve(ptr vmm.DevicePtr, size uint64) error {
 
 // UndoUnreserve puts back a range BeginUnreserve removed.
 func (l *Ledger) UndoUnreserve(ptr vmm.DevicePtr, size uint64) { l.AddRange(ptr, size) }
-
-// rangeOf returns the reserved range that contains [ptr, end).
-func (l *Ledger) rangeOf(ptr, end vmm.DevicePtr) (span, bool) {
-	var r span
-	found := false
-	l.ranges.DescendLessOrEqual(span{ptr: ptr}, func(s span) bool {
-		r, found = s, true
-		return false
-	})
-	if !found || end > r.end() {
-		return span{}, false
-	}
-	return r, true
-}
-
-// keys returns the reusable search keys set to ptr and end.
-func (l *Ledger) keys(ptr, end vmm.DevicePtr) (*Mapping, *Mapping) {
-	l.lo.Ptr, l.hi.Ptr = ptr, end
-	return &l.lo, &l.hi
-}
-
-// overlaps reports whether a mapping overlaps [ptr, end): the mapping that
-// starts last before end (mappings never overlap each other) ends after
-// ptr. One descent of the tree, for the hot path of BeginMap.
-func (l *Ledger) overlaps(ptr, end vmm.DevicePtr) bool {
-	var last *Mapping
-	key, _ := l.keys(end-1, 0) // mappings start on granules: <= end-1 is < end
-	l.maps.DescendLessOrEqual(key, func(m *Mapping) bool {
-		last = m
-		return false
-	})
-	return last != nil && last.end() > ptr
-}
-
-// mappingsIn counts the mappings that overlap [ptr, end).
-func (l *Ledger) mappingsIn(ptr, end vmm.DevicePtr) int {
-	n := 0
-	if m := l.mappingAt(ptr); m != nil && m.Ptr < ptr {
-		n++
-	}
-	lo, hi := l.keys(ptr, end)
-	l.maps.AscendRange(lo, hi, func(*Mapping) bool { n++; return true })
-	return n
-}
-
-// mappingAt returns the mapping that contains ptr, or nil.
-func (l *Ledger) mappingAt(ptr vmm.DevicePtr) *Mapping {
-	var m *Mapping
-	lo, _ := l.keys(ptr, 0)
-	l.maps.DescendLessOrEqual(lo, func(x *Mapping) bool {
-		m = x
-		return false
-	})
-	if m == nil || ptr >= m.end() {
-		return nil
-	}
-	return m
-}

@@ -114,7 +114,7 @@ func TestBeginUnmapNeedsExactCover(t *testing.T) {
 			_, err = l.BeginMap(at(4), 2*G, 4, 0)
 			require.NoError(t, err)
 			before := l.Usage()
-			ms, err := l.BeginUnmap(tc.ptr, tc.size)
+			ms, err := l.BeginUnmap(tc.ptr, tc.size, nil)
 			if tc.count == 0 {
 				require.ErrorIs(t, err, vmm.ErrInvalid)
 				require.Equal(t, before, l.Usage(), "a refused unmap changes nothing")
@@ -142,7 +142,7 @@ func TestPageAndRangeLifetime(t *testing.T) {
 	require.ErrorIs(t, l.BeginUnreserve(base, 4*G), vmm.ErrInvalid, "not the whole range")
 	require.ErrorIs(t, l.BeginUnreserve(at(1), 7*G), vmm.ErrInvalid, "not the range's start")
 
-	ms, err := l.BeginUnmap(at(2), 2*G)
+	ms, err := l.BeginUnmap(at(2), 2*G, nil)
 	require.NoError(t, err)
 	p, err := l.BeginRelease(2)
 	require.NoError(t, err, "unmapped: releasable")
@@ -159,7 +159,7 @@ func TestPageAndRangeLifetime(t *testing.T) {
 	_, err = l.BeginRelease(2)
 	require.ErrorIs(t, err, vmm.ErrInUse)
 
-	_, err = l.BeginUnmap(at(2), 2*G)
+	_, err = l.BeginUnmap(at(2), 2*G, nil)
 	require.NoError(t, err)
 	require.NoError(t, l.BeginUnreserve(base, 8*G))
 	require.ErrorIs(t, l.BeginUnreserve(base, 8*G), vmm.ErrInvalid, "twice")

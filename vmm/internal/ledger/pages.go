@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/xseg-dev/xseg/vmm"
 )
@@ -10,9 +11,7 @@ import (
 func (l *Ledger) AddPage(h vmm.Handle, dev vmm.Device, size uint64, types vmm.HandleType) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.pages[h] = Page{Handle: h, Device: dev, Size: size, Types: types}
-	l.usage.Handles++
-	l.usage.HandleBytes += size
+	l.addPage(Page{Handle: h, Device: dev, Size: size, Types: types})
 }
 
 // AddImportedPage records a page imported from a shareable handle whose
@@ -22,20 +21,38 @@ func (l *Ledger) AddPage(h vmm.Handle, dev vmm.Device, size uint64, types vmm.Ha
 func (l *Ledger) AddImportedPage(h vmm.Handle, dev vmm.Device, bound uint64, types vmm.HandleType) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.pages[h] = Page{Handle: h, Device: dev, Size: bound, Types: types, bound: true}
+	l.addPage(Page{Handle: h, Device: dev, Size: bound, Types: types, bound: true})
+}
+
+func (l *Ledger) addPage(p Page) {
+	if i, ok := l.pages[p.Handle]; ok {
+		// The handle is live already (a backend's bug, or a driver
+		// handing back a handle it knows): the new page replaces it.
+		l.usage.Handles--
+		l.usage.HandleBytes -= l.pageRecs[i].Size
+		p.maps = l.pageRecs[i].maps
+		l.pageRecs[i] = p
+	} else if n := len(l.freePages); n > 0 {
+		i, l.freePages = l.freePages[n-1], l.freePages[:n-1]
+		l.pageRecs[i] = p
+		l.pages[p.Handle] = i
+	} else {
+		l.pages[p.Handle] = uint32(len(l.pageRecs))
+		l.pageRecs = append(l.pageRecs, p)
+	}
 	l.usage.Handles++
-	l.usage.HandleBytes += bound
+	l.usage.HandleBytes += p.Size
 }
 
 // Page returns a copy of the live page h.
 func (l *Ledger) Page(h vmm.Handle) (Page, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	p, ok := l.pages[h]
+	i, ok := l.pages[h]
 	if !ok {
 		return Page{}, fmt.Errorf("page handle %#x is not live: %w", uint64(h), vmm.ErrInvalid)
 	}
-	return p, nil
+	return l.pageRecs[i], nil
 }
 
 // BeginRelease checks that h is a live page that is not mapped and removes
@@ -43,14 +60,17 @@ func (l *Ledger) Page(h vmm.Handle) (Page, error) {
 func (l *Ledger) BeginRelease(h vmm.Handle) (Page, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	p, ok := l.pages[h]
+	i, ok := l.pages[h]
 	if !ok {
 		return Page{}, fmt.Errorf("releasing page handle %#x: not a live page (released twice?): %w", uint64(h), vmm.ErrInvalid)
 	}
+	p := l.pageRecs[i]
 	if p.maps > 0 {
 		return Page{}, fmt.Errorf("releasing page handle %#x: still mapped %d times: %w", uint64(h), p.maps, vmm.ErrInUse)
 	}
 	delete(l.pages, h)
+	l.pageRecs[i] = Page{}
+	l.freePages = append(l.freePages, i)
 	l.usage.Handles--
 	l.usage.HandleBytes -= p.Size
 	return p, nil
@@ -58,11 +78,10 @@ func (l *Ledger) BeginRelease(h vmm.Handle) (Page, error) {
 
 // UndoRelease puts back a page BeginRelease removed.
 func (l *Ledger) UndoRelease(p Page) {
-	if p.bound {
-		l.AddImportedPage(p.Handle, p.Device, p.Size, p.Types)
-		return
-	}
-	l.AddPage(p.Handle, p.Device, p.Size, p.Types)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p.maps = 0
+	l.addPage(p)
 }
 
 // BeginMap checks a Map call and records the mapping: [ptr, ptr+size) is
@@ -72,122 +91,168 @@ func (l *Ledger) BeginMap(ptr vmm.DevicePtr, size uint64, h vmm.Handle, offset u
 	if err := l.checkAligned("mapping", ptr, size); err != nil {
 		return Mapping{}, err
 	}
-	if offset%l.gran != 0 {
+	if offset&(l.gran-1) != 0 {
 		return Mapping{}, fmt.Errorf("mapping at %v: page offset %d is not aligned to %d: %w", ptr, offset, l.gran, vmm.ErrInvalid)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	p, ok := l.pages[h]
+	pi, ok := l.pages[h]
 	if !ok {
 		return Mapping{}, fmt.Errorf("mapping at %v: page handle %#x is not live: %w", ptr, uint64(h), vmm.ErrInvalid)
 	}
+	p := &l.pageRecs[pi]
 	if offset+size > p.Size || offset+size < offset {
 		return Mapping{}, fmt.Errorf("mapping at %v: %d bytes from offset %d exceed the page's %d: %w", ptr, size, offset, p.Size, vmm.ErrInvalid)
 	}
-	end := ptr.Add(size)
-	if _, ok := l.rangeOf(ptr, end); !ok {
+	r, g, ok := l.rangeOf(ptr, size)
+	if !ok {
 		return Mapping{}, fmt.Errorf("mapping %v+%d: not inside a reserved range: %w", ptr, size, vmm.ErrInvalid)
 	}
-	if l.overlaps(ptr, end) {
-		n := l.mappingsIn(ptr, end)
-		return Mapping{}, fmt.Errorf("mapping %v+%d: overlaps %d existing mappings: %w", ptr, size, n, vmm.ErrInvalid)
+	n := size >> l.shift
+	if !r.isFree(g, n) {
+		return Mapping{}, fmt.Errorf("mapping %v+%d: overlaps %d existing mappings: %w", ptr, size, l.mappingsIn(r, g, n), vmm.ErrInvalid)
 	}
 	if offset != 0 || (size != p.Size && !p.bound) {
 		return Mapping{}, fmt.Errorf("mapping %v: %d bytes from offset %d of a %d-byte page: only whole pages can be mapped (CUDA requires it): %w", ptr, size, offset, p.Size, vmm.ErrNotSupported)
 	}
-	m := &Mapping{Ptr: ptr, Size: size, Handle: h, Offset: offset, Device: p.Device}
-	l.maps.ReplaceOrInsert(m)
-	l.countMaps(h, 1)
-	l.usage.Mappings++
-	l.usage.MappedBytes += size
-	return *m, nil
+	p.maps++
+	m := Mapping{Ptr: ptr, Size: size, Handle: h, Offset: offset, Device: p.Device}
+	l.insert(r, g, mapRec{Mapping: m, page: pi})
+	return m, nil
 }
 
-// countMaps adds n to the count of page h's mappings, if h is live.
-func (l *Ledger) countMaps(h vmm.Handle, n int) {
-	if p, ok := l.pages[h]; ok {
-		p.maps += n
-		l.pages[h] = p
+// insert records rec, whose granules [g, ...) in r are free, and counts it.
+// The caller has counted it in its page.
+func (l *Ledger) insert(r *reservation, g uint64, rec mapRec) {
+	acc := l.intern(rec.Access)
+	rec.Access = nil
+	var i uint32
+	if n := len(l.freeMaps); n > 0 {
+		i, l.freeMaps = l.freeMaps[n-1], l.freeMaps[:n-1]
+		l.maps[i], l.accs[i] = rec, acc
+	} else {
+		i = uint32(len(l.maps))
+		l.maps, l.accs = append(l.maps, rec), append(l.accs, acc)
 	}
+	l.fill(r, g, rec.Size>>l.shift, i+1)
+	r.mappings++
+	l.usage.Mappings++
+	l.usage.MappedBytes += rec.Size
+}
+
+// view returns a copy of the mapping in slot s, with its access list.
+func (l *Ledger) view(s uint32) Mapping {
+	m := l.maps[s-1].Mapping
+	m.Access = l.lists[l.accs[s-1]]
+	return m
+}
+
+// remove forgets the mapping in slot s, which starts at granule g of r,
+// and uncounts it in its page.
+func (l *Ledger) remove(r *reservation, g uint64, s uint32) {
+	rec := l.at(s)
+	if rec.page != noPage {
+		l.pageRecs[rec.page].maps--
+	}
+	size := rec.Size
+	*rec, l.accs[s-1] = mapRec{}, 0
+	l.freeMaps = append(l.freeMaps, s-1)
+	l.fill(r, g, size>>l.shift, 0)
+	r.mappings--
+	l.usage.Mappings--
+	l.usage.MappedBytes -= size
 }
 
 // UndoMap removes a mapping BeginMap recorded.
 func (l *Ledger) UndoMap(m Mapping) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.dropMapping(m)
-}
-
-func (l *Ledger) dropMapping(m Mapping) {
-	key, _ := l.keys(m.Ptr, 0)
-	if _, ok := l.maps.Delete(key); !ok {
+	r := l.rangeAt(m.Ptr)
+	if r == nil {
 		return
 	}
-	l.countMaps(m.Handle, -1)
-	l.usage.Mappings--
-	l.usage.MappedBytes -= m.Size
+	g := uint64(m.Ptr-r.ptr) >> l.shift
+	s := r.slot(g)
+	if s == 0 {
+		return
+	}
+	if rec := l.at(s); rec.Ptr != m.Ptr || rec.Size != m.Size || rec.Handle != m.Handle {
+		return // not the mapping BeginMap recorded
+	}
+	l.remove(r, g, s)
 }
 
-// covering returns the mappings that exactly and contiguously cover
-// [ptr, ptr+size), in l.run: valid until the next call, with mu held.
-func (l *Ledger) covering(what string, ptr vmm.DevicePtr, size uint64) ([]*Mapping, error) {
+// covering checks that whole mappings cover [ptr, ptr+size) exactly and
+// contiguously, and returns how many there are.
+func (l *Ledger) covering(what string, ptr vmm.DevicePtr, size uint64) (int, error) {
 	if err := l.checkAligned(what, ptr, size); err != nil {
-		return nil, err
+		return 0, err
 	}
-	end := ptr.Add(size)
-	clear(l.run) // let go of the last call's mappings
-	ms := l.run[:0]
-	defer func() {
-		if l.run = ms; cap(ms) > 1024 {
-			l.run = nil
-		}
-	}()
-	next := ptr
-	lo, hi := l.keys(ptr, end)
-	l.maps.AscendRange(lo, hi, func(m *Mapping) bool {
-		if m.Ptr != next {
-			return false
-		}
-		ms = append(ms, m)
-		next = m.end()
-		return true
-	})
-	if next != end {
-		if len(ms) == 0 {
-			return nil, fmt.Errorf("%s %v+%d: nothing is mapped at %v: %w", what, ptr, size, ptr, vmm.ErrInvalid)
-		}
-		return nil, fmt.Errorf("%s %v+%d: mappings do not cover it exactly (gap or partial mapping at %v): %w", what, ptr, size, next, vmm.ErrInvalid)
+	w := walk{l: l, at: ptr}
+	if w.slot() == 0 {
+		return 0, l.notMapped(what, ptr, size)
 	}
-	return ms, nil
+	n, maps := 0, l.maps
+	for end := ptr.Add(size); w.at < end; n++ {
+		s := w.slot()
+		if s == 0 || maps[s-1].Ptr != w.at || maps[s-1].Size > uint64(end-w.at) {
+			return 0, l.notCovered(what, ptr, size, w.at)
+		}
+		w.at = w.at.Add(maps[s-1].Size)
+	}
+	return n, nil
 }
 
-// BeginUnmap finds the whole mappings that exactly cover [ptr, ptr+size) and
-// removes them from the books.
-func (l *Ledger) BeginUnmap(ptr vmm.DevicePtr, size uint64) ([]Mapping, error) {
+func (l *Ledger) notMapped(what string, ptr vmm.DevicePtr, size uint64) error {
+	return fmt.Errorf("%s %v+%d: nothing is mapped at %v: %w", what, ptr, size, ptr, vmm.ErrInvalid)
+}
+
+func (l *Ledger) notCovered(what string, ptr vmm.DevicePtr, size uint64, at vmm.DevicePtr) error {
+	return fmt.Errorf("%s %v+%d: mappings do not cover it exactly (gap or partial mapping at %v): %w", what, ptr, size, at, vmm.ErrInvalid)
+}
+
+// BeginUnmap finds the whole mappings that exactly cover [ptr, ptr+size),
+// removes them from the books and returns them appended to into (which
+// may be nil; a caller that passes a buffer with room allocates nothing).
+func (l *Ledger) BeginUnmap(ptr vmm.DevicePtr, size uint64, into []Mapping) ([]Mapping, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ms, err := l.covering("unmapping", ptr, size)
+	n, err := l.covering("unmapping", ptr, size)
 	if err != nil {
-		return nil, err
+		return into, err
 	}
-	out := make([]Mapping, len(ms))
-	for i, m := range ms {
-		out[i] = *m
-		l.dropMapping(*m)
+	into = slices.Grow(into, n)
+	w := walk{l: l, at: ptr} // outside the loop: one variable, not one an iteration
+	for ; n > 0; n-- {
+		s := w.slot()
+		rec := l.at(s)
+		into = append(into, l.view(s))
+		r, g := w.k.r, uint64(w.at-w.k.r.ptr)>>l.shift
+		w.at = w.at.Add(rec.Size)
+		l.remove(r, g, s)
+		w.k.c = nil // remove may have let the chunk go
 	}
-	return out, nil
+	return into, nil
 }
 
 // UndoUnmap puts back mappings BeginUnmap removed (those the backend failed
-// to unmap).
+// to unmap). A mapping whose place was taken meanwhile (a racing Map that
+// the backend will undo) is left out.
 func (l *Ledger) UndoUnmap(ms []Mapping) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, m := range ms {
-		l.maps.ReplaceOrInsert(&m)
-		l.countMaps(m.Handle, 1)
-		l.usage.Mappings++
-		l.usage.MappedBytes += m.Size
+		r, g, ok := l.rangeOf(m.Ptr, m.Size)
+		if !ok || !r.isFree(g, m.Size>>l.shift) {
+			continue
+		}
+		pi, live := l.pages[m.Handle]
+		if live {
+			l.pageRecs[pi].maps++
+		} else {
+			pi = noPage
+		}
+		l.insert(r, g, mapRec{Mapping: m, page: pi})
 	}
 }
 
@@ -195,8 +260,8 @@ func (l *Ledger) UndoUnmap(ms []Mapping) {
 func (l *Ledger) Lookup(ptr vmm.DevicePtr) (Mapping, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if m := l.mappingAt(ptr); m != nil {
-		return *m, true
+	if s := l.slotAt(ptr); s != 0 {
+		return l.view(s), true
 	}
 	return Mapping{}, false
 }
@@ -208,12 +273,12 @@ func (l *Ledger) Accessible(ptr vmm.DevicePtr, n uint64, dev vmm.Device, want vm
 	defer l.mu.Unlock()
 	end := ptr.Add(n)
 	for p := ptr; p < end; {
-		m := l.mappingAt(p)
-		if m == nil {
+		s := l.slotAt(p)
+		if s == 0 {
 			return fmt.Errorf("address %v is not mapped: %w", p, vmm.ErrInvalid)
 		}
 		granted := vmm.AccessNone
-		for _, a := range m.Access {
+		for _, a := range l.lists[l.accs[s-1]] {
 			if a.Device == dev {
 				granted = a.Flags
 			}
@@ -221,7 +286,7 @@ func (l *Ledger) Accessible(ptr vmm.DevicePtr, n uint64, dev vmm.Device, want vm
 		if granted&want != want {
 			return fmt.Errorf("address %v: device %d has no %s access: %w", p, dev, accessName(want), vmm.ErrInvalid)
 		}
-		p = m.end()
+		p = l.at(s).end()
 	}
 	return nil
 }
