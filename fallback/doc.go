@@ -53,9 +53,18 @@
 //
 // # Sharing
 //
-// Blocks of this allocator cannot be exported as VMM handles. Sharing them
-// with other processes (CUDA legacy IPC, a memfd-backed segment on the
-// host) is not implemented yet; Config.Shareable has no effect here.
+// A block is shared with other processes through package ipc
+// (Exporter.ShareBlock), which the Allocator serves as an ipc.BlockSource
+// (PinBlock): what travels is the block's whole segment, one plain
+// allocation, with the block's offset and length in it. On CUDA the
+// segment goes as its legacy IPC handle (cuIpcGetMemHandle; the importer
+// opens it with cuIpcOpenMemHandle, once per process); on the host
+// backend the segment moves into a memfd at its first share (see
+// vmm/host's ExportAllocFD) and goes as that fd, which the importer maps
+// like any exported page. A shared block that is freed is not reused, and
+// its segment not given back, until the share is closed and every
+// importer has let go. Every block is shareable: Config.Shareable has no
+// effect here.
 //
 // # Concurrency
 //

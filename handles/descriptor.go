@@ -17,9 +17,15 @@ const (
 	KindPosixFD Kind = 1
 	// KindFabric: the pages are fabric handles carried in the descriptor.
 	KindFabric Kind = 2
+	// KindCUDAIPC: one plain allocation (cuMemAlloc) of the exporter,
+	// named by CUDA's legacy IPC handle carried in the descriptor. The
+	// descriptor has exactly one page: the whole allocation, rounded up to
+	// MinPageSize; Offset and Length place the block inside it.
+	KindCUDAIPC Kind = 3
 )
 
-// HandleType returns the vmm handle type of k (HandleNone if k is unknown).
+// HandleType returns the vmm handle type of k (HandleNone if k is unknown
+// or names no VMM page, as KindCUDAIPC).
 func (k Kind) HandleType() vmm.HandleType {
 	switch k {
 	case KindPosixFD:
@@ -36,6 +42,8 @@ func (k Kind) String() string {
 		return "posix-fd"
 	case KindFabric:
 		return "fabric"
+	case KindCUDAIPC:
+		return "cuda-ipc"
 	}
 	return fmt.Sprintf("Kind(%d)", uint16(k))
 }
@@ -82,7 +90,7 @@ const (
 // The pages are exactly the pages the block touches, rounded out: Offset is
 // less than PageSize and the block reaches into the last page. Page i of the
 // range is PageFDs[i] (exporter's fd numbers, KindPosixFD) or Fabric[i]
-// (KindFabric).
+// (KindFabric); a KindCUDAIPC descriptor has one page, named by IPC.
 //
 // A Descriptor is a plain value; it is not safe for concurrent mutation.
 type Descriptor struct {
@@ -111,6 +119,9 @@ type Descriptor struct {
 	// Fabric are the pages' fabric handles: PageCount of them. KindFabric
 	// only.
 	Fabric []Fabric
+	// IPC is the CUDA legacy IPC handle of the one page (an allocation):
+	// set for KindCUDAIPC only, all zero otherwise.
+	IPC IPCHandle
 }
 
 // Bytes returns PageSize*PageCount, the size of the shared extent. Call it

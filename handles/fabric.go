@@ -23,3 +23,14 @@ func (f Fabric) IsZero() bool { return f == Fabric{} }
 
 // String returns a short, non-secret form of f: its first 4 bytes in hex.
 func (f Fabric) String() string { return "fabric:" + hex.EncodeToString(f[:4]) + "…" }
+
+// IPCHandle is CUDA's 64-byte legacy IPC handle of a plain allocation
+// (vmm.IPCMemHandle) as a descriptor carries it. Like Fabric it is a plain
+// value whose bytes are the capability.
+type IPCHandle [64]byte
+
+// IsZero reports whether h is all zero bytes, which no driver exports.
+func (h IPCHandle) IsZero() bool { return h == IPCHandle{} }
+
+// String returns a short, non-secret form of h: its first 4 bytes in hex.
+func (h IPCHandle) String() string { return "cuda-ipc:" + hex.EncodeToString(h[:4]) + "…" }

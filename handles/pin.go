@@ -16,8 +16,13 @@ type Pin struct {
 	// PageSize is the size of every page.
 	PageSize uint64
 	// Pages are the physical pages the block touches, in address order:
-	// the block rounded out to whole pages.
+	// the block rounded out to whole pages. Empty when Alloc is set.
 	Pages []vmm.Handle
+	// Alloc, when not zero, is the base of the plain allocation
+	// (vmm.Driver.MemAlloc) that holds the block: the fallback allocator's
+	// segment. The pin then has no Pages; PageSize is the allocation's
+	// size, and Offset and Length place the block inside it.
+	Alloc vmm.DevicePtr
 	// Offset and Length place the block inside the pages.
 	Offset, Length uint64
 	// Unpin lets the allocator reuse, unmap and release the pages again.

@@ -16,7 +16,7 @@ import (
 //	off  size  field
 //	  0     4  magic "XSGD"
 //	  4     2  version (1)
-//	  6     2  kind (1 posix-fd, 2 fabric)
+//	  6     2  kind (1 posix-fd, 2 fabric, 3 cuda-ipc)
 //	  8     4  exporter pid
 //	 12    16  device UUID
 //	 28     8  page size
@@ -27,7 +27,11 @@ import (
 //	 72     2  endpoint length n (<= 107)
 //	 74     n  endpoint bytes
 //	74+n    4  handle count c
-//	78+n     c handles: int32 fd numbers (posix-fd) or 64-byte fabric handles
+//	78+n     c handles: int32 fd numbers (posix-fd), 64-byte fabric handles,
+//	         or one 64-byte CUDA IPC handle (cuda-ipc; page count 1)
+//
+// Kind 3 was added without a new version: the layout is unchanged, and a
+// reader that predates it refuses the descriptor as of an unknown kind.
 const (
 	// Version is the wire format version this package writes and reads.
 	Version    = 1
@@ -54,12 +58,15 @@ func (d *Descriptor) MarshalBinary() ([]byte, error) {
 	b = append(b, d.Token[:]...)
 	b = le.AppendUint16(b, uint16(len(d.Endpoint)))
 	b = append(b, d.Endpoint...)
-	b = le.AppendUint32(b, uint32(len(d.PageFDs)+len(d.Fabric)))
+	b = le.AppendUint32(b, uint32(d.handleCount()))
 	for _, fd := range d.PageFDs {
 		b = le.AppendUint32(b, uint32(fd))
 	}
 	for _, f := range d.Fabric {
 		b = append(b, f[:]...)
+	}
+	if d.Kind == KindCUDAIPC {
+		b = append(b, d.IPC[:]...)
 	}
 	return b, nil
 }
@@ -109,7 +116,7 @@ func (d *Descriptor) readHandles(r *reader, n int) error {
 		return nil
 	}
 	size := 4
-	if d.Kind == KindFabric {
+	if d.Kind == KindFabric || d.Kind == KindCUDAIPC {
 		size = 64
 	}
 	if len(r.b)/size < n {
@@ -126,8 +133,19 @@ func (d *Descriptor) readHandles(r *reader, n int) error {
 		for i := range d.Fabric {
 			copy(d.Fabric[i][:], r.bytes(64))
 		}
+	case KindCUDAIPC:
+		copy(d.IPC[:], r.bytes(64))
 	}
 	return r.err
+}
+
+// handleCount is the number of handles d carries in the wire format.
+func (d *Descriptor) handleCount() int {
+	n := len(d.PageFDs) + len(d.Fabric)
+	if !d.IPC.IsZero() {
+		n++
+	}
+	return n
 }
 
 // validateHandleCount checks a handle count against kind and page count
@@ -145,6 +163,13 @@ func (d *Descriptor) validateHandleCount(n int) error {
 		if n != d.PageCount {
 			return invalid("%d fabric handles for %d pages", n, d.PageCount)
 		}
+	case KindCUDAIPC:
+		if d.PageCount != 1 {
+			return invalid("cuda-ipc descriptor of %d pages: it names one allocation, one page", d.PageCount)
+		}
+		if n != 1 {
+			return invalid("%d handles in a cuda-ipc descriptor: want one", n)
+		}
 	default:
 		return invalid("unknown handle kind %d", uint16(d.Kind))
 	}
@@ -160,11 +185,11 @@ func (d *Descriptor) Validate() error {
 	if d.PageSize < MinPageSize || d.PageSize > MaxPageSize || d.PageSize%MinPageSize != 0 {
 		return invalid("page size %d is not a multiple of %d in %d..%d", d.PageSize, MinPageSize, MinPageSize, uint64(MaxPageSize))
 	}
-	if err := d.validateHandleCount(len(d.PageFDs) + len(d.Fabric)); err != nil {
+	if err := d.validateHandleCount(d.handleCount()); err != nil {
 		return err
 	}
-	if d.Kind == KindPosixFD && len(d.Fabric) != 0 || d.Kind == KindFabric && len(d.PageFDs) != 0 {
-		return invalid("%s descriptor carries handles of the other kind", d.Kind)
+	if d.foreignHandles() {
+		return invalid("%s descriptor carries handles of another kind", d.Kind)
 	}
 	if err := d.validateExtent(); err != nil {
 		return err
@@ -186,6 +211,19 @@ func (d *Descriptor) Validate() error {
 		}
 	}
 	return nil
+}
+
+// foreignHandles reports whether d carries handles that its kind does not.
+func (d *Descriptor) foreignHandles() bool {
+	switch d.Kind {
+	case KindPosixFD:
+		return len(d.Fabric) != 0 || !d.IPC.IsZero()
+	case KindFabric:
+		return len(d.PageFDs) != 0 || !d.IPC.IsZero()
+	case KindCUDAIPC:
+		return len(d.PageFDs) != 0 || len(d.Fabric) != 0
+	}
+	return false
 }
 
 // validateExtent checks that [Offset, Offset+Length) lies in the pages

@@ -105,18 +105,11 @@ func TestParseRejects(t *testing.T) {
 }
 
 func TestParseRejectsFraming(t *testing.T) {
-	good, err := validFabric().MarshalBinary()
-	require.NoError(t, err)
-	for n := 0; n < len(good); n++ {
-		_, err := ParseDescriptor(good[:n])
-		require.ErrorIs(t, err, vmm.ErrInvalid, "truncated to %d bytes", n)
-	}
-	_, err = ParseDescriptor(append(good[:len(good):len(good)], 0))
-	require.ErrorContains(t, err, "trailing")
+	good := requireTruncationsRejected(t, validFabric())
 
 	bad := append([]byte(nil), good...)
 	bad[4] = 2
-	_, err = ParseDescriptor(bad)
+	_, err := ParseDescriptor(bad)
 	require.ErrorContains(t, err, "unknown version 2")
 	bad = append([]byte(nil), good...)
 	bad[0] = 'Y'
@@ -169,12 +162,30 @@ func marshalUnchecked(d *Descriptor) []byte {
 	b = append(b, d.Token[:]...)
 	b = le.AppendUint16(b, uint16(len(d.Endpoint)))
 	b = append(b, d.Endpoint...)
-	b = le.AppendUint32(b, uint32(len(d.PageFDs)+len(d.Fabric)))
+	b = le.AppendUint32(b, uint32(d.handleCount()))
 	for _, fd := range d.PageFDs {
 		b = le.AppendUint32(b, uint32(fd))
 	}
 	for _, f := range d.Fabric {
 		b = append(b, f[:]...)
 	}
+	if !d.IPC.IsZero() {
+		b = append(b, d.IPC[:]...)
+	}
 	return b
+}
+
+// requireTruncationsRejected checks that every prefix of d's encoding and
+// the encoding with a byte more fail to parse, and returns the encoding.
+func requireTruncationsRejected(t *testing.T, d *Descriptor) []byte {
+	t.Helper()
+	good, err := d.MarshalBinary()
+	require.NoError(t, err)
+	for n := 0; n < len(good); n++ {
+		_, err := ParseDescriptor(good[:n])
+		require.ErrorIs(t, err, vmm.ErrInvalid, "truncated to %d bytes", n)
+	}
+	_, err = ParseDescriptor(append(good[:len(good):len(good)], 0))
+	require.ErrorContains(t, err, "trailing")
+	return good
 }

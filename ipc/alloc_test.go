@@ -85,7 +85,18 @@ func warmCUDA(d vmm.Driver) error {
 	if err != nil {
 		return err
 	}
-	return d.Release(h)
+	return errors.Join(d.Release(h), warmAllocIPC(d))
+}
+
+// warmAllocIPC exports a plain allocation's legacy IPC handle once, for
+// the fallback tests: the driver may keep what it opens for that.
+func warmAllocIPC(d vmm.Driver) error {
+	p, err := d.MemAlloc(0, 2<<20)
+	if err != nil {
+		return err
+	}
+	_, err = d.ExportAllocIPC(p)
+	return errors.Join(err, d.MemFree(p))
 }
 
 // shareableAlloc makes an expandable allocator with exportable pages.

@@ -25,7 +25,11 @@ type BlockSource interface {
 // ShareBlock shares the live block at ptr of an allocator that implements
 // BlockSource over drv. It exports the pages as fabric handles when the
 // device can and every page allows it, and quietly falls back to posix fds
-// otherwise. The share unpins the pages when it closes.
+// otherwise. A block of plain allocations (a Pin with Alloc set: the
+// fallback allocator) is shared as its whole allocation: a CUDA IPC handle
+// where the driver has legacy IPC, else the fd of the memory file that
+// holds it (the host backend); see shareAlloc. The share unpins the block
+// when it closes and every lease has ended.
 func (e *Exporter) ShareBlock(drv vmm.Driver, src BlockSource, ptr vmm.DevicePtr) (*Share, error) {
 	pin, err := src.PinBlock(ptr)
 	if err != nil {
@@ -36,6 +40,9 @@ func (e *Exporter) ShareBlock(drv vmm.Driver, src BlockSource, ptr vmm.DevicePtr
 		return nil, errors.Join(fmt.Errorf("sharing block %v: %w", ptr, err), unpin(pin))
 	}
 	ext := Extent{DeviceUUID: info.UUID, PageSize: pin.PageSize, Offset: pin.Offset, Length: pin.Length}
+	if pin.Alloc != 0 {
+		return e.shareAlloc(drv, pin, ext)
+	}
 	if info.Fabric {
 		if fabs, ok := exportFabric(drv, pin.Pages); ok {
 			return e.ShareFabric(fabs, ext, pin.Unpin)

@@ -54,6 +54,19 @@
 // [Mapping.Close] unmaps, releases, unreserves and ends the lease. A
 // mapping stays valid after the exporter exits.
 //
+// # Plain allocations
+//
+// A block of the fallback allocator lives in a plain allocation, which has
+// no VMM page handle; ShareBlock shares the whole allocation as one page
+// with the block's offset and length in it. On CUDA the page is the
+// allocation's legacy IPC handle (a cuda-ipc descriptor, [TransportCUDAIPC]:
+// the handle travels in the descriptor, the socket gives the lease); Open
+// opens it with vmm.Driver.OpenAllocIPC once per handle per process, shared
+// by every descriptor that names it, and refuses it in the exporting
+// process ([ErrOwnIPCHandle]). On the host backend the allocation moves
+// into a memfd at its first share, and the page is that fd, fetched and
+// mapped like any posix-fd page.
+//
 // # Leases
 //
 // An importer served by the exporter's socket keeps that connection open

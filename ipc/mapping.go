@@ -12,6 +12,9 @@ import (
 // open does Open's work for m: fetch, import, reserve, map, set access.
 // On failure it has undone everything.
 func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) error {
+	if m.desc.Kind == handles.KindCUDAIPC {
+		return m.openCUDAIPC(ctx, dev, opts)
+	}
 	r, err := Fetch(ctx, m.desc, opts.Fetch)
 	if err != nil {
 		return err
@@ -78,6 +81,9 @@ func (m *mapped) importPages() error {
 // stay mapped and are not released, and the range is kept: releasing
 // them would be an error, and the lease goes on protecting them.
 func (m *mapped) teardown(n int) error {
+	if m.desc.Kind == handles.KindCUDAIPC {
+		return m.teardownIPC()
+	}
 	if n > 0 {
 		if err := m.drv.Unmap(m.base, uint64(n)*m.desc.PageSize); err != nil {
 			return fmt.Errorf("unmapping %d pages at %v (kept mapped): %w", n, m.base, err)

@@ -64,6 +64,7 @@ type mapped struct {
 	base   vmm.DevicePtr
 	pages  []vmm.Handle
 	recv   *Received // holds the lease
+	ipc    *ipcOpen  // the allocation opened, for a cuda-ipc descriptor
 	via    Transport
 	leased bool
 	ready  chan struct{} // closed when Open's work ended
@@ -91,6 +92,12 @@ var registry struct {
 // with one SetAccess. The fetched fds are closed once imported: the
 // imported handles keep the pages. On any failure everything done is
 // undone and the error says which step failed.
+//
+// A cuda-ipc descriptor (a block of the fallback allocator on CUDA) is
+// opened with vmm.Driver.OpenAllocIPC instead, once per handle in this
+// process however many descriptors name it, read-write, and closed with
+// CloseAllocIPC after the last Mapping of it closes. Opening one in the
+// process that exported it fails with ErrOwnIPCHandle.
 //
 // Open is safe for concurrent use; concurrent Opens of one descriptor wait
 // for one mapping. ctx bounds the socket exchange.

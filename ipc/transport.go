@@ -26,6 +26,10 @@ const (
 	// TransportFabric takes the fabric handles out of the descriptor: the
 	// bytes are the handles, nothing moves between processes.
 	TransportFabric
+	// TransportCUDAIPC takes the CUDA legacy IPC handle out of a cuda-ipc
+	// descriptor, and a lease on the exporter's socket when it serves
+	// one (a lease-only request, as after pidfd).
+	TransportCUDAIPC
 )
 
 func (t Transport) String() string {
@@ -36,6 +40,8 @@ func (t Transport) String() string {
 		return "socket"
 	case TransportFabric:
 		return "fabric"
+	case TransportCUDAIPC:
+		return "cuda-ipc"
 	}
 	return fmt.Sprintf("Transport(%d)", uint8(t))
 }
@@ -47,7 +53,8 @@ var ErrRefused = errors.New("refused by exporter")
 // FetchOptions tune Fetch. The zero value chooses automatically.
 type FetchOptions struct {
 	// Transports are tried in this order until one succeeds. Nil means
-	// automatic: fabric for a fabric descriptor, else pidfd then socket.
+	// automatic: fabric for a fabric descriptor, cuda-ipc for a cuda-ipc
+	// one, else pidfd then socket.
 	Transports []Transport
 }
 
@@ -63,6 +70,9 @@ type Received struct {
 	// Fabric are the pages' fabric handles (fabric kind); the importer
 	// passes them to vmm.Driver.ImportFabric.
 	Fabric []handles.Fabric
+	// IPC is the allocation's CUDA legacy IPC handle (cuda-ipc kind); the
+	// importer passes it to vmm.Driver.OpenAllocIPC.
+	IPC handles.IPCHandle
 
 	// lease is the connection to the exporter's socket that keeps the
 	// share pinned there; nil when the exporter serves no socket.
@@ -105,8 +115,11 @@ func Fetch(ctx context.Context, d *handles.Descriptor, opts FetchOptions) (*Rece
 	order := opts.Transports
 	if order == nil {
 		order = []Transport{TransportPidfd, TransportSocket}
-		if d.Kind == handles.KindFabric {
+		switch d.Kind {
+		case handles.KindFabric:
 			order = []Transport{TransportFabric}
+		case handles.KindCUDAIPC:
+			order = []Transport{TransportCUDAIPC}
 		}
 	}
 	var errs []error
@@ -138,6 +151,8 @@ func fetchVia(ctx context.Context, t Transport, d *handles.Descriptor) (*Receive
 		fds, lease, err = fetchSocket(ctx, d)
 	case TransportFabric:
 		return fetchFabric(d)
+	case TransportCUDAIPC:
+		return fetchCUDAIPC(ctx, d)
 	default:
 		err = fmt.Errorf("unknown transport: %w", vmm.ErrInvalid)
 	}
@@ -156,4 +171,18 @@ func fetchFabric(d *handles.Descriptor) (*Received, error) {
 		return nil, fmt.Errorf("a %s descriptor carries no fabric handles: %w", d.Kind, vmm.ErrNotSupported)
 	}
 	return &Received{Via: TransportFabric, Fabric: append([]handles.Fabric(nil), d.Fabric...)}, nil
+}
+
+// fetchCUDAIPC takes the handle out of a cuda-ipc descriptor and a lease
+// on the exporter's socket, if it serves one: the exporter then keeps the
+// allocation's block pinned until the importer lets go.
+func fetchCUDAIPC(ctx context.Context, d *handles.Descriptor) (*Received, error) {
+	if d.Kind != handles.KindCUDAIPC {
+		return nil, fmt.Errorf("a %s descriptor carries no CUDA IPC handle: %w", d.Kind, vmm.ErrNotSupported)
+	}
+	lease, err := takeLease(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	return &Received{Via: TransportCUDAIPC, IPC: d.IPC, lease: lease}, nil
 }

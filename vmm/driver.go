@@ -105,6 +105,36 @@ type Driver interface {
 	// MemFree frees an allocation made by MemAlloc.
 	MemFree(ptr DevicePtr) error
 
+	// Sharing plain allocations with other processes. A VMM page is
+	// shared through ExportFD / ExportFabric; a plain allocation has no
+	// page handle, so each backend offers its own way, and the other
+	// backend's answers ErrNotSupported.
+
+	// ExportAllocIPC returns CUDA's legacy IPC handle (cuIpcGetMemHandle)
+	// of the plain allocation that starts at ptr, a pointer MemAlloc
+	// returned (else ErrInvalid). The handle names the whole allocation.
+	// The host backend answers ErrNotSupported (see ExportAllocFD).
+	ExportAllocIPC(ptr DevicePtr) (IPCMemHandle, error)
+	// OpenAllocIPC maps the allocation that h names, exported by another
+	// process, into this one for dev (cuIpcOpenMemHandle, peer access
+	// enabled lazily), read-write, and returns its base address and size.
+	// Usage counts it (IPCOpens) until CloseAllocIPC. CUDA opens a handle
+	// once per process and refuses it in the exporting process; callers
+	// share one open (package ipc does). Copies and memsets may touch it
+	// like a MemAlloc allocation.
+	OpenAllocIPC(h IPCMemHandle, dev Device) (DevicePtr, uint64, error)
+	// CloseAllocIPC unmaps an allocation opened by OpenAllocIPC (ptr is
+	// the base it returned; anything else is ErrInvalid).
+	CloseAllocIPC(ptr DevicePtr) error
+	// ExportAllocFD returns a new file descriptor, owned by the caller, of
+	// a memory file that holds the plain allocation starting at ptr (a
+	// pointer MemAlloc returned, else ErrInvalid), and the file's size: the
+	// allocation's size rounded up to the granularity. An importer maps
+	// the file as it maps an exported page (ImportFD, Reserve, Map,
+	// SetAccess). Only the host backend has it; CUDA answers
+	// ErrNotSupported (see ExportAllocIPC).
+	ExportAllocFD(ptr DevicePtr) (fd int, size uint64, err error)
+
 	// Usage reports what this driver has outstanding.
 	Usage() Usage
 	// Close releases the driver's own resources. It does not free what the

@@ -58,6 +58,12 @@ func (t HandleType) String() string {
 // FabricHandle is the exported form of a page created with HandleFabric.
 type FabricHandle [64]byte
 
+// IPCMemHandle is CUDA's legacy IPC handle of a plain allocation
+// (CUipcMemHandle): 64 opaque bytes that name one cuMemAlloc allocation of
+// the exporting process. Like a fabric handle, its bytes are the
+// capability: treat them as a secret.
+type IPCMemHandle [64]byte
+
 // Access is the protection a device gets on a mapped range. The values are
 // those of CUmemAccess_flags.
 type Access uint32
@@ -116,14 +122,19 @@ type Usage struct {
 	MappedBytes uint64
 	Allocs      int
 	AllocBytes  uint64
-	Streams     int
-	Events      int
+	// IPCOpens counts the allocations of other processes opened with
+	// OpenAllocIPC and not yet closed, IPCOpenBytes their size.
+	IPCOpens     int
+	IPCOpenBytes uint64
+	Streams      int
+	Events       int
 }
 
 // Zero reports whether nothing is outstanding.
 func (u Usage) Zero() bool { return u == Usage{} }
 
 func (u Usage) String() string {
-	return fmt.Sprintf("ranges=%d (%d B) handles=%d (%d B) mappings=%d (%d B) allocs=%d (%d B) streams=%d events=%d",
-		u.Ranges, u.RangeBytes, u.Handles, u.HandleBytes, u.Mappings, u.MappedBytes, u.Allocs, u.AllocBytes, u.Streams, u.Events)
+	return fmt.Sprintf("ranges=%d (%d B) handles=%d (%d B) mappings=%d (%d B) allocs=%d (%d B) ipc-opens=%d (%d B) streams=%d events=%d",
+		u.Ranges, u.RangeBytes, u.Handles, u.HandleBytes, u.Mappings, u.MappedBytes, u.Allocs, u.AllocBytes,
+		u.IPCOpens, u.IPCOpenBytes, u.Streams, u.Events)
 }

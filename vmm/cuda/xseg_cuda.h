@@ -72,6 +72,7 @@ typedef struct {
 } CUmemAccessDesc;
 
 typedef struct { unsigned char data[64]; } CUmemFabricHandle;
+typedef struct { char reserved[64]; } CUipcMemHandle;
 
 _Static_assert(sizeof(CUmemLocation) == 8, "CUmemLocation layout");
 _Static_assert(offsetof(CUmemAllocationProp, location) == 8, "CUmemAllocationProp.location");
@@ -80,6 +81,7 @@ _Static_assert(offsetof(CUmemAllocationProp, allocFlags) == 24, "CUmemAllocation
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp layout");
 _Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc layout");
 _Static_assert(sizeof(CUmemFabricHandle) == 64, "CUmemFabricHandle layout");
+_Static_assert(sizeof(CUipcMemHandle) == 64, "CUipcMemHandle layout");
 
 // The loader's own entry points, found with dlsym.
 typedef CUresult (*xs_getproc_v2)(const char *symbol, void **pfn, int cudaVersion, uint64_t flags, int *symbolStatus);
@@ -135,7 +137,12 @@ typedef CUresult (*xs_version_fn)(int *version);
 	X(cuMemsetD8Async, (CUdeviceptr dst, unsigned char uc, size_t n, CUstream hStream)) \
 	X(cuMemAlloc, (CUdeviceptr *dptr, size_t bytesize)) \
 	X(cuMemFree, (CUdeviceptr dptr)) \
-	X(cuMemGetAccess, (unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr))
+	X(cuMemGetAccess, (unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr)) \
+	/* Legacy IPC of plain allocations (ipcmem_cgo.go). */ \
+	X(cuIpcGetMemHandle, (CUipcMemHandle *pHandle, CUdeviceptr dptr)) \
+	X(cuIpcOpenMemHandle, (CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)) \
+	X(cuIpcCloseMemHandle, (CUdeviceptr dptr)) \
+	X(cuMemGetAddressRange, (CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr))
 
 #define XS_FIELD(name, params) CUresult (*name) params;
 #define XS_NAME(name, params) #name,

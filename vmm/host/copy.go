@@ -187,14 +187,16 @@ func (d *Driver) MemAlloc(dev vmm.Device, size uint64) (vmm.DevicePtr, error) {
 	}
 	ptr := vmm.DevicePtr(addr)
 	d.mu.Lock()
-	d.mu.allocs[ptr] = allocation{dev: dev, size: mapped}
+	d.mu.allocs[ptr] = allocation{dev: dev, size: mapped, memfd: -1}
 	d.mu.Unlock()
 	d.books.AddAlloc(ptr, size)
 	return ptr, nil
 }
 
 // MemFree frees an allocation made by MemAlloc (ErrInvalid for any other
-// pointer). If munmap fails the allocation stays live.
+// pointer), and closes its memfd if ExportAllocFD made one (importers keep
+// their own references to the file). If munmap fails the allocation stays
+// live.
 func (d *Driver) MemFree(ptr vmm.DevicePtr) error {
 	if err := d.enter(); err != nil {
 		return err
@@ -217,5 +219,10 @@ func (d *Driver) MemFree(ptr vmm.DevicePtr) error {
 	defer d.mu.Unlock()
 	delete(d.mu.allocs, ptr)
 	d.mu.used[a.dev] -= a.size
+	if a.memfd >= 0 {
+		if err := unix.Close(a.memfd); err != nil {
+			return fmt.Errorf("freeing %v: closing its memfd: %w", ptr, err)
+		}
+	}
 	return nil
 }

@@ -83,6 +83,10 @@ type backing struct {
 type allocation struct {
 	dev  vmm.Device
 	size uint64 // mapped bytes: the request rounded up to the OS page
+	// memfd holds the allocation's bytes once ExportAllocFD has moved
+	// them there (-1 before: anonymous memory); fileSize is its length.
+	memfd    int
+	fileSize uint64
 }
 
 // Open makes a driver with the given options and the memfd arena of each
@@ -260,5 +264,15 @@ func (d *Driver) closeFDs() error {
 		}
 	}
 	d.mu.pages = nil
+	for p, a := range d.mu.allocs {
+		if a.memfd < 0 {
+			continue
+		}
+		if err := unix.Close(a.memfd); err != nil {
+			errs = append(errs, fmt.Errorf("closing the memfd of allocation %v: %w", p, err))
+		}
+		a.memfd = -1
+		d.mu.allocs[p] = a
+	}
 	return errors.Join(errs...)
 }

@@ -44,6 +44,10 @@ const (
 	OpMemsetAsync       Op = "MemsetAsync"
 	OpMemAlloc          Op = "MemAlloc"
 	OpMemFree           Op = "MemFree"
+	OpExportAllocIPC    Op = "ExportAllocIPC"
+	OpOpenAllocIPC      Op = "OpenAllocIPC"
+	OpCloseAllocIPC     Op = "CloseAllocIPC"
+	OpExportAllocFD     Op = "ExportAllocFD"
 	OpClose             Op = "Close"
 )
 

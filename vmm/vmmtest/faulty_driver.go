@@ -259,6 +259,38 @@ func (f *Faulty) MemFree(ptr vmm.DevicePtr) error {
 	return f.d.MemFree(ptr)
 }
 
+// ExportAllocIPC implements vmm.Driver.
+func (f *Faulty) ExportAllocIPC(ptr vmm.DevicePtr) (vmm.IPCMemHandle, error) {
+	if err := f.enter(OpExportAllocIPC); err != nil {
+		return vmm.IPCMemHandle{}, err
+	}
+	return f.d.ExportAllocIPC(ptr)
+}
+
+// OpenAllocIPC implements vmm.Driver.
+func (f *Faulty) OpenAllocIPC(h vmm.IPCMemHandle, dev vmm.Device) (vmm.DevicePtr, uint64, error) {
+	if err := f.enter(OpOpenAllocIPC); err != nil {
+		return 0, 0, err
+	}
+	return f.d.OpenAllocIPC(h, dev)
+}
+
+// CloseAllocIPC implements vmm.Driver.
+func (f *Faulty) CloseAllocIPC(ptr vmm.DevicePtr) error {
+	if err := f.enter(OpCloseAllocIPC); err != nil {
+		return err
+	}
+	return f.d.CloseAllocIPC(ptr)
+}
+
+// ExportAllocFD implements vmm.Driver.
+func (f *Faulty) ExportAllocFD(ptr vmm.DevicePtr) (int, uint64, error) {
+	if err := f.enter(OpExportAllocFD); err != nil {
+		return -1, 0, err
+	}
+	return f.d.ExportAllocFD(ptr)
+}
+
 // Close implements vmm.Driver. An injected failure leaves the wrapped driver
 // open.
 func (f *Faulty) Close() error {

@@ -66,6 +66,7 @@ var suite = []subtest{
 	{"CopyDtoD", testCopyDtoD},
 	{"Alias", testAlias},
 	{"MemAlloc", testMemAlloc},
+	{"AllocShare", testAllocShare},
 	{"ExportImport", testExportImport},
 	{"CrossProcess", testCrossProcess},
 	{"ExportWithoutPosixFD", testExportWithoutPosixFD},

@@ -85,6 +85,9 @@ type Ledger struct {
 	lists   [][]vmm.AccessDesc
 	scratch []vmm.AccessDesc
 	allocs  map[vmm.DevicePtr]uint64
+	// opened are allocations of other processes opened through CUDA's
+	// legacy IPC, by base address: their sizes.
+	opened  map[vmm.DevicePtr]uint64
 	streams map[vmm.Stream]vmm.Device
 	events  map[vmm.Event]vmm.Device
 	usage   vmm.Usage
@@ -102,6 +105,7 @@ func New(gran uint64) *Ledger {
 		pages:   make(map[vmm.Handle]uint32),
 		lists:   [][]vmm.AccessDesc{nil},
 		allocs:  make(map[vmm.DevicePtr]uint64),
+		opened:  make(map[vmm.DevicePtr]uint64),
 		streams: make(map[vmm.Stream]vmm.Device),
 		events:  make(map[vmm.Event]vmm.Device),
 	}
