@@ -17,6 +17,7 @@ import (
 
 	"github.com/xseg-dev/xseg/expandable"
 	"github.com/xseg-dev/xseg/handles"
+	"github.com/xseg-dev/xseg/internal/core"
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/cuda"
 	"github.com/xseg-dev/xseg/vmm/host"
@@ -218,11 +219,21 @@ func runShare(t *testing.T, c shareCase) time.Duration {
 	return time.Unix(0, t1).Sub(t0)
 }
 
+// pinningAllocator is what requireFreedNotReused needs of the expandable
+// and fallback allocators.
+type pinningAllocator interface {
+	Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error)
+	Free(ptr vmm.DevicePtr) error
+	EmptyCache() error
+	Stats() core.Stats
+	Pinned() int
+}
+
 // requireFreedNotReused: the exporter closes the share and frees the block
 // while the importer maps it. With a lease the pages stay pinned: a new
 // block of the same size lies elsewhere, EmptyCache keeps them, and they
 // still hold the importer's bytes.
-func requireFreedNotReused(t *testing.T, a *expandable.Allocator, d vmm.Driver, s *Share, ptr vmm.DevicePtr, size uint64, leased bool) {
+func requireFreedNotReused(t *testing.T, a pinningAllocator, d vmm.Driver, s *Share, ptr vmm.DevicePtr, size uint64, leased bool) {
 	require.Equal(t, 1, a.Pinned())
 	require.NoError(t, s.Close())
 	if !leased {
@@ -234,10 +245,11 @@ func requireFreedNotReused(t *testing.T, a *expandable.Allocator, d vmm.Driver, 
 	require.NoError(t, a.Free(ptr))
 	require.ErrorIs(t, a.Free(ptr), vmm.ErrInvalid, "a freed pinned block is freed")
 	require.NoError(t, a.EmptyCache())
+	require.GreaterOrEqual(t, a.Stats().ReservedBytes.All.Current, int64(size), "EmptyCache keeps the pinned memory")
 	q, err := a.Alloc(size, 0)
 	require.NoError(t, err)
 	require.True(t, q.Add(size) <= ptr || ptr.Add(size) <= q, "new block %v overlaps the pinned %v", q, ptr)
-	require.NoError(t, readPattern(d, ptr, size, seedChild), "pinned pages stay mapped and untouched")
+	require.NoError(t, readPattern(d, ptr, size, seedChild), "pinned memory stays mapped and untouched")
 	require.NoError(t, a.Free(q))
 }
 

@@ -77,7 +77,7 @@ func runFallbackShare(t *testing.T, c fbCase) time.Duration {
 	require.NoError(t, readPattern(d, ptr, fbShare, seedChild), "the parent reads the child's bytes at the block's own address")
 	require.NoError(t, readPattern(d, pre, fbPre, 7), "the rest of the segment kept its bytes")
 
-	requireFallbackPinned(t, a, d, s, ptr)
+	requireFreedNotReused(t, a, d, s, ptr, fbShare, true)
 	p.send(t, "close")
 	p.until(t, "closed")
 	rep := p.wait(t)
@@ -89,24 +89,6 @@ func runFallbackShare(t *testing.T, c fbCase) time.Duration {
 	require.NoError(t, a.EmptyCache())
 	require.Zero(t, a.Stats().ReservedBytes.All.Current, "once unpinned the segment is given back")
 	return time.Unix(0, t1).Sub(t0)
-}
-
-// requireFallbackPinned: the exporter closes the share and frees the block
-// while the importer maps it; the lease keeps the block out of reuse and
-// its segment allocated, with the importer's bytes in it.
-func requireFallbackPinned(t *testing.T, a *fallback.Allocator, d vmm.Driver, s *Share, ptr vmm.DevicePtr) {
-	require.Equal(t, 1, a.Pinned())
-	require.NoError(t, s.Close())
-	require.Equal(t, 1, a.Pinned(), "a lease keeps a closed share pinned")
-	require.NoError(t, a.Free(ptr))
-	require.ErrorIs(t, a.Free(ptr), vmm.ErrInvalid, "a freed pinned block is freed")
-	require.NoError(t, a.EmptyCache())
-	require.GreaterOrEqual(t, a.Stats().ReservedBytes.All.Current, int64(fbSeg), "EmptyCache keeps the pinned segment")
-	q, err := a.Alloc(fbShare, 0)
-	require.NoError(t, err)
-	require.True(t, q.Add(fbShare) <= ptr || ptr.Add(fbShare) <= q, "new block %v overlaps the pinned %v", q, ptr)
-	require.NoError(t, readPattern(d, ptr, fbShare, seedChild), "the pinned block is untouched")
-	require.NoError(t, a.Free(q))
 }
 
 func TestFallbackSharePidfd(t *testing.T) {
