@@ -141,7 +141,9 @@ func runModel(t *testing.T, rng *rand.Rand, steps int) {
 				for q := x.Ptr; q < x.Ptr.Add(x.Size); q = q.Add(G) {
 					delete(m.at, q)
 				}
-				m.pages[x.Handle].maps--
+				if mp := m.pages[x.Handle]; mp != nil { // nil: an undo put back a mapping of a page released in between
+					mp.maps--
+				}
 			}
 			lastUnmapped = ms
 		case 5: // a failed unmap: put the last run back
