@@ -35,6 +35,42 @@ func TestContextRules(t *testing.T) {
 	}
 }
 
+// TestMappedWithoutContext checks the VMM calls made on a thread with no
+// context (XS_VMM makes them with none): the page they map is usable by
+// the device (copies and a memset, made in the primary context, reach it)
+// and the thread still has no context after them.
+func TestMappedWithoutContext(t *testing.T) {
+	d := openGPU(t)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	require.NoError(t, d.setCurrentContext(-1))
+	p, h := mapPage(t, d, 0)
+	now, _, err := d.currentContext(0)
+	require.NoError(t, err)
+	require.Zero(t, now, "reserve, create, map and set access left a context current")
+
+	g := d.books.Granularity()
+	src := make([]byte, g)
+	for i := range src {
+		src[i] = byte(i*7 + 3)
+	}
+	require.NoError(t, d.CopyHtoD(p, src))
+	require.NoError(t, d.Memset(p.Add(4096), 0xAB, 4096))
+	got := make([]byte, g)
+	require.NoError(t, d.CopyDtoH(got, p))
+	for i := range 4096 {
+		src[4096+i] = 0xAB
+	}
+	require.Equal(t, src, got, "the bytes written through the mapping made with no context")
+
+	require.NoError(t, d.Unmap(p, g))
+	require.NoError(t, d.Release(h))
+	require.NoError(t, d.Unreserve(p, g))
+	now, _, err = d.currentContext(0)
+	require.NoError(t, err)
+	require.Zero(t, now)
+}
+
 // TestContextAfterReopen checks that Close leaves no context current on
 // the thread, and that a Driver opened after it works and gets the same
 // primary context handle.
