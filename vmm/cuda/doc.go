@@ -44,14 +44,10 @@
 // release the contexts for good: it cannot reach those threads.
 //
 // Calls tied to a device (MemInfo, MemAlloc, streams, events, copies) need
-// that device's primary context. The VMM calls (reserve, free, create,
-// release, map, unmap, set access) are not tied to one: they name their
-// device in their arguments and run in whatever context the thread has,
-// or in none, with no push (cuMemMap of 2 MiB: 1.0 us with no context
-// against 7.1 us with one, H200); a driver that refuses them without a
-// context (CUDA_ERROR_INVALID_CONTEXT) gets them again with device 0's
-// pushed. Open retains device 0's primary context; other devices' are
-// retained when first used. Close releases them.
+// that device's primary context. The VMM calls are not tied to one: they
+// run in whatever context the thread has, or device 0's. Open retains
+// device 0's primary context; other devices' are retained when first used.
+// Close releases them.
 //
 // # Streams
 //

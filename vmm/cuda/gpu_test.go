@@ -36,9 +36,8 @@ func TestContextRules(t *testing.T) {
 }
 
 // TestMappedWithoutContext checks the VMM calls made on a thread with no
-// context (XS_VMM makes them with none): the page they map is usable by
-// the device (copies and a memset, made in the primary context, reach it)
-// and the thread still has no context after them.
+// context: the page they map is usable by the device (copies and a memset
+// reach it) and the thread still has no context after them.
 func TestMappedWithoutContext(t *testing.T) {
 	d := openGPU(t)
 	runtime.LockOSThread()

@@ -16,8 +16,7 @@ import (
 // ledger first (so a misuse never reaches the driver), then calls the
 // driver, and on failure puts the ledger back as it was. The VMM entry
 // points are not tied to a context: they run in the calling thread's
-// context if it has one, else with no context at all (see XS_VMM in
-// xseg_cuda.h).
+// context if it has one, else in device 0's primary context.
 
 // Reserve reserves size bytes of address space, aligned to align (0: the
 // granularity; smaller alignments are raised to it). none -> reserved.

@@ -24,7 +24,6 @@ typedef struct { unsigned char bytes[16]; } CUuuid;
 
 enum {
 	CUDA_SUCCESS = 0,
-	CUDA_ERROR_INVALID_CONTEXT = 201,
 	CUDA_ERROR_NOT_READY = 600,
 };
 
@@ -221,26 +220,6 @@ static inline uint64_t xs_clock(void) {
 	} \
 	XS_ADD((s)->timed_trampolines, t0_); \
 	return r_; \
-} while (0)
-
-// XS_VMM runs a call of the virtual memory management API (reserve, free,
-// create, release, map, unmap, set access) and returns its result. Those
-// calls name their device in their arguments and need no context: with
-// want NULL the call is made as the thread is, with its current context or
-// with none, and no context is pushed. Measured on an H200 (driver 580),
-// a 2 MiB cuMemMap took 1.0 us on a thread with no context against 7.1 us
-// with the primary context current, and every call of the cycle succeeded.
-// A driver that answers CUDA_ERROR_INVALID_CONTEXT gets the call again
-// inside XS_IN_CTX, with a context pushed.
-#define XS_VMM(s, want, call) do { \
-	if ((want) == NULL) { \
-		XS_STAMP(t0_); \
-		CUresult r0_ = (call); \
-		XS_ADD((s)->timed_calls, t0_); \
-		XS_ADD((s)->timed_trampolines, t0_); \
-		if (r0_ != CUDA_ERROR_INVALID_CONTEXT) return r0_; \
-	} \
-	XS_IN_CTX(s, want, call); \
 } while (0)
 
 #endif
