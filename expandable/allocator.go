@@ -15,6 +15,8 @@ type Config = core.Config
 // implements xseg.Allocator and is safe for concurrent use by multiple
 // goroutines.
 type Allocator struct {
+	// PoolSet gives the private pools (xseg.Pools): CUDA graph captures.
+	core.PoolSet
 	heap  *core.Heap
 	d     vmm.Driver
 	dev   vmm.Device
@@ -50,7 +52,7 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 	if err != nil {
 		return nil, fmt.Errorf("expandable: %w", err)
 	}
-	return &Allocator{heap: h, d: d, dev: dev, pages: p}, nil
+	return &Allocator{PoolSet: core.NewPoolSet(h), heap: h, d: d, dev: dev, pages: p}, nil
 }
 
 // Device is the device the allocator hands out memory of.

@@ -18,6 +18,8 @@ type Config = core.Config
 // fixed segments of plain allocations. It implements xseg.Allocator and is
 // safe for concurrent use by multiple goroutines.
 type Allocator struct {
+	// PoolSet gives the private pools (xseg.Pools): CUDA graph captures.
+	core.PoolSet
 	heap *core.Heap
 	d    vmm.Driver
 	dev  vmm.Device
@@ -61,7 +63,7 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Allocator{heap: h, d: d, dev: dev, cfg: cfg, log: log}, nil
+	return &Allocator{PoolSet: core.NewPoolSet(h), heap: h, d: d, dev: dev, cfg: cfg, log: log}, nil
 }
 
 // Device is the device the allocator hands out memory of.

@@ -41,6 +41,7 @@ __all__ = [
     "max_memory_allocated", "max_memory_reserved", "num_ooms",
     "num_alloc_retries", "empty_cache", "clear_cache", "reset_peak_stats",
     "snapshot", "last_error", "version", "share", "unshare", "open",
+    "pool_allocations",
 ]
 
 _LIB_NAME = "libxseg.so"
@@ -94,6 +95,9 @@ def _declare(lib):
         "xseg_open": (c.c_int64, [c.c_char_p, c.c_size_t, c.c_int,
                                   c.POINTER(c.c_void_p), c.POINTER(c.c_size_t)]),
         "xseg_close": (c.c_int, [c.c_int64]),
+        "xseg_pool_json": (c.c_void_p, [c.c_int, c.c_ulonglong, c.c_ulonglong, c.c_int]),
+        "xseg_pool_restore": (c.c_void_p, [c.c_int, c.c_char_p, c.c_size_t]),
+        "xseg_malloc_in_pool": (c.c_void_p, [c.c_ssize_t, c.c_int, c.c_void_p, c.c_ulonglong, c.c_ulonglong]),
         "xseg_version": (c.c_char_p, []),
         "xseg_last_error": (c.c_char_p, []),
     }
@@ -400,8 +404,10 @@ def install(path=None, conf=None, enable_logging=False, route_record_stream=True
             raise RuntimeError(
                 "xseg_torch.install(): PyTorch refused to swap its CUDA allocator (it does so only "
                 f"before the first CUDA allocation, and only once): {e}") from e
+        _set_pool_hooks(alloc, lib)
         _allocator = alloc
         set_record_stream_routing(route_record_stream)
+        _patch_graph_trees(torch)
 
 
 def _configure(lib, conf, enable_logging):
@@ -462,3 +468,194 @@ def _leave(torch, previous, keep):
         "xseg_torch.installed(): cannot put PyTorch's allocator back: " + reason + ". xseg "
         "stays this process's CUDA allocator (its cache was emptied). Use installed(keep=True), "
         "or install() once at start-up, where that is intended.")
+
+
+# CUDA graphs. A captured graph replays its kernels at the addresses they
+# had during capture, temporaries freed inside the capture included, so a
+# capture's memory must go to nothing else while the graph lives. PyTorch
+# tells its allocator through three hooks of CUDAPluggableAllocator:
+# begin-allocate-to-pool (with a filter: the capturing stream, or the
+# calling thread), end-allocate-to-pool and release-pool. libxseg
+# implements them (cmd/libxseg/pools.cc): allocations the filter accepts
+# come from a private pool that nothing outside it draws from, and the last
+# release gives the pool's memory back.
+
+def _fn_addr(lib, name):
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def _set_pool_hooks(alloc, lib):
+    hooks = alloc._allocator
+    names = ("set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn", "set_release_pool")
+    if not all(hasattr(hooks, n) for n in names):
+        raise RuntimeError(
+            "xseg_torch.install(): this PyTorch has no private-pool hooks for pluggable allocators "
+            "(they came in PyTorch 2.3); without them CUDA graphs would share memory between captures "
+            "and compute wrong results. Use PyTorch 2.3 or newer.")
+    hooks.set_begin_allocate_to_pool(_fn_addr(lib, "xseg_begin_allocate_to_pool"))
+    hooks.set_end_allocate_to_pool_fn(_fn_addr(lib, "xseg_end_allocate_to_pool"))
+    hooks.set_release_pool(_fn_addr(lib, "xseg_release_pool"))
+
+
+def pool_allocations(pool, device=None):
+    """Addresses of the blocks allocated now in private pool ``pool`` (a
+    ``torch.cuda.graph_pool_handle()`` or ``CUDAGraph.pool()``), sorted."""
+    first, second = pool
+    return _json_call(lambda lib: lib.xseg_pool_json(_device(device), first, second, 0), "pool_allocations")
+
+
+def _json_call(call, what):
+    lib = load()
+    p = call(lib)
+    if not p:
+        raise RuntimeError(f"xseg: {what} failed: {last_error()}")
+    try:
+        return json.loads(ctypes.string_at(p).decode())
+    finally:
+        lib.xseg_string_free(p)
+
+
+# torch.compile(mode="reduce-overhead") runs CUDA graph trees
+# (torch/_inductor/cudagraph_trees.py), which reach the allocator through a
+# few torch._C functions besides the hooks above. PyTorch implements them
+# for its own allocator only (the pluggable allocator raises "does not yet
+# support"), so install() replaces them with versions that ask xseg, and
+# leaves every call about memory that is not xseg's to the original:
+#
+# - _cuda_checkPoolLiveAllocations: are the pool's allocated blocks exactly
+#   the live storages?
+# - _cuda_getCheckpointState / _cuda_setCheckpointPoolState: remember which
+#   blocks of the pool were allocated after a recording, and put the pool
+#   back to that before the next recording (a replay changes bytes, not
+#   books). Storages that replays made hold no deleter; PyTorch gives the
+#   live ones the allocator's deleter at that point. A pluggable allocator
+#   cannot hand out such a deleter from Python, so xseg frees their blocks
+#   when the storage dies instead (a finalizer on the storage, which PyTorch
+#   keeps alive exactly as long as the storage).
+# - _cuda_cudaCachingAllocator_raw_delete, _free_And_Remove_DeleterFn,
+#   _has_Standard_Deleter: free, and answer for, those blocks.
+
+class _PoolCheckpoint:
+    """What _cuda_getCheckpointState returns under xseg: the pool's
+    allocated blocks, as libxseg's JSON."""
+
+    __slots__ = ("device", "pool", "data")
+
+    def __init__(self, device, pool, data):
+        self.device, self.pool, self.data = device, pool, data
+
+
+_graph_lock = threading.Lock()
+_tracked = {}      # StorageImpl address -> (finalizer, data ptr, device)
+_restored = {}     # data ptr -> device: allocated again by a restore, no owner yet
+_graph_originals = {}
+
+
+def _free_block(ptr, device):
+    if _lib is not None:
+        _lib.xseg_free(ptr, 0, device, None)
+
+
+def _storage_died(cdata, ptr, device):
+    with _graph_lock:
+        _tracked.pop(cdata, None)
+    _free_block(ptr, device)
+
+
+def _check_pool_live_allocations(device, pool, expected):
+    try:
+        live = pool_allocations(tuple(pool), device)
+    except RuntimeError:
+        return len(expected) == 0
+    return set(live) == set(expected)
+
+
+def _get_checkpoint_state(device, pool):
+    first, second = pool
+    data = _json_call(lambda lib: lib.xseg_pool_json(int(device), first, second, 1), "getCheckpointState")
+    return _PoolCheckpoint(int(device), (first, second), json.dumps(data).encode())
+
+
+def _set_checkpoint_pool_state(device, state, stale_storages, storages_to_add_deleters_to=()):
+    import torch
+    if not isinstance(state, _PoolCheckpoint):
+        return _graph_originals["_cuda_setCheckpointPoolState"](device, state, stale_storages,
+                                                                 storages_to_add_deleters_to)
+    device = int(device)
+    stale = list(dict.fromkeys(stale_storages))
+    with _graph_lock:
+        untracked = [c for c in stale if c not in _tracked]
+    if untracked:
+        raise NotImplementedError(
+            "xseg: setCheckpointPoolState with stale storages that still hold the allocator's deleter "
+            "is not supported under a pluggable allocator (PyTorch's CUDA graph trees pass none)")
+    res = _json_call(lambda lib: lib.xseg_pool_restore(device, state.data, len(state.data)),
+                     "setCheckpointPoolState")
+    allocated, freed = set(res["allocated"]), res["freed"]
+    with _graph_lock:
+        for c in stale:
+            fin, _, _ = _tracked.pop(c)
+            fin.detach()
+        definite = [p for p in freed if p not in allocated]
+        for p in definite:
+            _restored.pop(p, None)
+        for p in allocated:
+            _restored[p] = device
+    if len(stale) < len(definite):
+        raise RuntimeError("Any stale tensors which are being manually freed must be passed to set checkpoint")
+    for cdata in storages_to_add_deleters_to:
+        st = torch.UntypedStorage._new_with_weak_ptr(cdata)
+        ptr = st.data_ptr()
+        with _graph_lock:
+            if _restored.pop(ptr, None) is None:
+                raise RuntimeError(f"xseg: setCheckpointPoolState: storage at {ptr:#x} is not a block "
+                                   "the checkpoint allocated")
+            fin = weakref.finalize(st, _storage_died, cdata, ptr, device)
+            fin.atexit = False
+            _tracked[cdata] = (fin, ptr, device)
+        del st
+
+
+def _raw_delete(ptr):
+    with _graph_lock:
+        device = _restored.pop(ptr, None)
+    if device is None:
+        return _graph_originals["_cuda_cudaCachingAllocator_raw_delete"](ptr)
+    _free_block(ptr, device)
+
+
+def _free_and_remove_deleter(cdata):
+    with _graph_lock:
+        entry = _tracked.pop(cdata, None)
+    if entry is None:
+        return _graph_originals["_free_And_Remove_DeleterFn"](cdata)
+    fin, ptr, device = entry
+    fin.detach()
+    _free_block(ptr, device)
+
+
+def _has_standard_deleter(cdata):
+    with _graph_lock:
+        if cdata in _tracked:
+            return True
+    return _graph_originals["_has_Standard_Deleter"](cdata)
+
+
+_GRAPH_TREE_PATCHES = {
+    "_cuda_checkPoolLiveAllocations": _check_pool_live_allocations,
+    "_cuda_getCheckpointState": _get_checkpoint_state,
+    "_cuda_setCheckpointPoolState": _set_checkpoint_pool_state,
+    "_cuda_cudaCachingAllocator_raw_delete": _raw_delete,
+    "_free_And_Remove_DeleterFn": _free_and_remove_deleter,
+    "_has_Standard_Deleter": _has_standard_deleter,
+}
+
+
+def _patch_graph_trees(torch):
+    """Route the torch._C functions of CUDA graph trees to xseg (once)."""
+    with _graph_lock:
+        for name, fn in _GRAPH_TREE_PATCHES.items():
+            if name in _graph_originals or not hasattr(torch._C, name):
+                continue
+            _graph_originals[name] = getattr(torch._C, name)
+            setattr(torch._C, name, fn)

@@ -72,6 +72,9 @@ type Driver interface {
 	StreamDestroy(s Stream) error
 	// StreamSynchronize waits for all work queued on s.
 	StreamSynchronize(s Stream) error
+	// DeviceSynchronize waits for all work queued on dev, on every stream
+	// (a CUDA graph replays on whichever stream launched it).
+	DeviceSynchronize(dev Device) error
 	// EventCreate makes an event on dev (timing disabled).
 	EventCreate(dev Device) (Event, error)
 	// EventRecord records e on s: e completes when the work queued on s so

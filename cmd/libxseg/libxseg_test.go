@@ -67,6 +67,16 @@ func TestCAPI(t *testing.T) {
 		out := run(t, time.Minute, host, prog, lib)
 		require.Contains(t, out, "\nok\n", out)
 	})
+	t.Run("Pools", func(t *testing.T) {
+		cxx, err := exec.LookPath("c++")
+		if err != nil {
+			t.Skipf("no C++ compiler: %v", err)
+		}
+		prog := filepath.Join(dir, "pools")
+		run(t, time.Minute, nil, cxx, "-O2", "-Wall", "-std=c++17", "-I.", "-o", prog, "testdata/pools.cc", "-ldl")
+		out := run(t, time.Minute, host, prog, lib)
+		require.Contains(t, out, "ok\n", out)
+	})
 	t.Run("Python", func(t *testing.T) {
 		py, err := exec.LookPath("python3")
 		if err != nil {

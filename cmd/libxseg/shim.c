@@ -8,7 +8,27 @@
 #include "_cgo_export.h"
 
 void* xseg_malloc(ssize_t size, int device, void* stream) {
-	return (void*)xsegGoMalloc(size, device, (uintptr_t)stream);
+	unsigned long long first, second;
+	switch (xseg_pool_route(device, stream, &first, &second)) {
+	case 0:
+		return (void*)xsegGoMalloc(size, device, (uintptr_t)stream);
+	case 1:
+		return (void*)xsegGoMallocInPool(size, device, (uintptr_t)stream, first, second, NULL);
+	default:
+		return NULL;
+	}
+}
+
+void* xseg_malloc_in_pool(ssize_t size, int device, void* stream, unsigned long long first, unsigned long long second) {
+	return (void*)xsegGoMallocInPool(size, device, (uintptr_t)stream, first, second, NULL);
+}
+
+char* xseg_pool_json(int device, unsigned long long first, unsigned long long second, int checkpoint) {
+	return xsegGoPoolJSON(device, first, second, checkpoint);
+}
+
+char* xseg_pool_restore(int device, const char* checkpoint, size_t len) {
+	return xsegGoPoolRestore(device, (char*)checkpoint, len);
 }
 
 void xseg_free(void* ptr, ssize_t size, int device, void* stream) {

@@ -11,7 +11,14 @@
 
 extern "C" void* xseg_malloc_or_throw(ssize_t size, int device, void* stream) {
 	char* err = nullptr;
-	uintptr_t p = xsegGoMallocOrError(size, device, reinterpret_cast<uintptr_t>(stream), &err);
+	unsigned long long first = 0, second = 0;
+	int routed = xseg_pool_route(device, stream, &first, &second);
+	if (routed < 0) {
+		throw std::runtime_error("xseg_malloc: the stream filter of an active CUDA graph pool failed");
+	}
+	uintptr_t st = reinterpret_cast<uintptr_t>(stream);
+	uintptr_t p = routed == 1 ? xsegGoMallocInPool(size, device, st, first, second, &err)
+	                          : xsegGoMallocOrError(size, device, st, &err);
 	if (p != 0 || size == 0) {
 		return reinterpret_cast<void*>(p);
 	}

@@ -19,6 +19,31 @@
 #define XSEG_VERSION "0.1.0"
 
 #ifdef __cplusplus
+#include <functional>
+#include <utility>
+
+/* The C++ types of PyTorch's private-pool hooks (CUDAPluggableAllocator's
+ * set_begin_allocate_to_pool, set_end_allocate_to_pool_fn and
+ * set_release_pool): a pool id is c10's MempoolId_t, the filter says which
+ * allocations go to the pool. */
+typedef struct CUstream_st *cudaStream_t;
+typedef std::pair<unsigned long long, unsigned long long> xseg_pool_id;
+typedef std::function<bool(cudaStream_t)> xseg_stream_filter;
+
+extern "C" {
+/* The hooks, to be given to PyTorch as function pointers
+ * (python/xseg_torch.py does). begin retains pool id on device (making it
+ * if need be) and routes to it, until end, every allocation of device the
+ * filter accepts; release drops one use of the pool, and the last gives its
+ * memory back. Blocks of a pool go to nothing outside it. Each throws
+ * std::runtime_error with the reason on failure. C++ callers only. */
+void xseg_begin_allocate_to_pool(int device, xseg_pool_id id, xseg_stream_filter filter);
+void xseg_end_allocate_to_pool(int device, xseg_pool_id id);
+void xseg_release_pool(int device, xseg_pool_id id);
+}
+#endif
+
+#ifdef __cplusplus
 extern "C" {
 #endif
 
@@ -91,6 +116,21 @@ int xseg_unshare(const void* desc, size_t len);
  * exits. */
 int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size);
 int xseg_close(int64_t handle);
+
+/* Private pools from C. xseg_pool_route reports whether an allocation on
+ * stream of device belongs to an active pool (1, with its id in *first and
+ * *second), not (0), or a filter failed (-1); xseg_malloc routes with it.
+ * xseg_malloc_in_pool allocates from pool (first, second), which must be
+ * retained, NULL on failure. xseg_pool_json returns the addresses of the
+ * blocks allocated in a pool (checkpoint 0: a JSON array) or a checkpoint
+ * of the pool (checkpoint 1: a JSON object), to free with
+ * xseg_string_free; xseg_pool_restore puts a pool back to such a
+ * checkpoint (len bytes) and returns {"freed": [...], "allocated": [...]}
+ * as JSON. Both NULL on failure. */
+int xseg_pool_route(int device, void* stream, unsigned long long* first, unsigned long long* second);
+void* xseg_malloc_in_pool(ssize_t size, int device, void* stream, unsigned long long first, unsigned long long second);
+char* xseg_pool_json(int device, unsigned long long first, unsigned long long second, int checkpoint);
+char* xseg_pool_restore(int device, const char* checkpoint, size_t len);
 
 /* xseg_version returns XSEG_VERSION. */
 const char* xseg_version(void);

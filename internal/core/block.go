@@ -41,6 +41,9 @@ type block struct {
 	events  int // pending events before a pending block is free
 	state   blockState
 	inExact bool
+	// deferred: freed while a pool was active, its stream events not yet
+	// recorded (pools.go).
+	deferred bool
 }
 
 func (b *block) end() vmm.DevicePtr { return b.ptr.Add(b.size) }
@@ -54,10 +57,12 @@ func lessBySize(a, b *block) bool {
 	return a.ptr < b.ptr
 }
 
-// stateKey names a (stream, pool).
+// stateKey names a (stream, pool) of the shared pools or, with private
+// set, of a private pool.
 type stateKey struct {
-	stream vmm.Stream
-	pool   Pool
+	stream  vmm.Stream
+	pool    Pool
+	private PoolID
 }
 
 // state holds the segments and free blocks of one (stream, pool).

@@ -45,8 +45,15 @@ func (h *Heap) growLocked(st *state, rs uint64) (*block, error) {
 // instead of making new ones: a free page in the middle of a segment is
 // worth nothing while the segment grows at its end. It reports whether
 // it unmapped anything.
+//
+// It steals nothing while a pool is active (unmapping waits for streams,
+// which is illegal during stream capture) and nothing in a private pool
+// (a graph still addresses its free pages).
 func (h *Heap) stealLocked(hole *block, rs uint64) bool {
 	seg := hole.seg
+	if h.capturingLocked() || !seg.st.key.private.IsZero() {
+		return false
+	}
 	_, size := h.growSpan(hole, rs)
 	room := h.cfg.PageCacheBytes - min(h.cfg.PageCacheBytes, h.back.CachedBytes(seg.Pool))
 	budget := min(size, room) / seg.PageSize * seg.PageSize
@@ -56,7 +63,7 @@ func (h *Heap) stealLocked(hole *block, rs uint64) bool {
 	skip := []*block{hole.prev, hole.next}
 	var got uint64
 	for _, s := range seg.st.segs {
-		n, err := h.unmapFreeLocked(s, budget-got, skip)
+		n, err := h.unmapFreeLocked(s, budget-got, skip, false)
 		if got += n; err != nil {
 			h.log.Warn("xseg: unmapping free pages for reuse", "err", err)
 			return got > 0

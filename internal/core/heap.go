@@ -41,6 +41,11 @@ type Heap struct {
 		events  []vmm.Event // recorded and completed, for reuse
 		freed   chan struct{}
 		pins    map[*block]int // pin counts of shared blocks (pin.go)
+		// Private pools (pools.go): every pool by id, the active routes
+		// in the order begun, and the frees deferred while one is active.
+		pools    map[PoolID]*privatePool
+		routes   []route
+		deferred []*block
 	}
 }
 
@@ -79,7 +84,7 @@ func (h *Heap) stateLocked(s vmm.Stream, p Pool) *state {
 	if s == 0 && h.mu.def[p] != nil {
 		return h.mu.def[p]
 	}
-	k := stateKey{s, p}
+	k := stateKey{stream: s, pool: p}
 	st := h.mu.states[k]
 	if st == nil {
 		st = newState(k, h.mu.nodes)
@@ -110,6 +115,12 @@ func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 }
 
 func (h *Heap) alloc(size uint64, s vmm.Stream, final bool) (vmm.DevicePtr, error) {
+	return h.allocTo(size, s, final, PoolID{})
+}
+
+// allocTo allocates from private pool id, or with the zero id from the
+// pool an active route picks or else the shared pools.
+func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.DevicePtr, error) {
 	if size == 0 {
 		return 0, fmt.Errorf("allocating 0 bytes: %w", vmm.ErrInvalid)
 	}
@@ -122,10 +133,21 @@ func (h *Heap) alloc(size uint64, s vmm.Stream, final bool) (vmm.DevicePtr, erro
 	if size > h.limit || rs < size {
 		return 0, h.tooLargeLocked(size, final)
 	}
-	if len(h.mu.pending) > 0 {
+	var st *state
+	if len(h.mu.routes) > 0 || !id.IsZero() {
+		var err error
+		if st, err = h.privateStateLocked(id, s, rs); err != nil {
+			return 0, err
+		}
+	} else if len(h.mu.deferred) > 0 {
+		h.settleLocked()
+	}
+	if len(h.mu.pending) > 0 && !h.capturingLocked() {
 		h.pollLocked()
 	}
-	st := h.stateLocked(s, h.PoolOf(rs))
+	if st == nil {
+		st = h.stateLocked(s, h.PoolOf(rs))
+	}
 	b := st.popExact(rs)
 	if b == nil {
 		var err error
@@ -179,26 +201,56 @@ func (h *Heap) Free(ptr vmm.DevicePtr) error {
 		return h.badFreeLocked(ptr, b)
 	}
 	if len(b.uses) > 0 {
-		if err := h.parkLocked(b); err != nil {
+		if h.capturingLocked() {
+			h.deferLocked(b)
+		} else if err := h.parkLocked(b); err != nil {
 			return err
 		}
 	}
+	h.unallocateLocked(b)
+	if b.state == stAllocated && !h.keepPinnedLocked(b) {
+		h.deactivateLocked(b)
+	}
+	if !h.capturingLocked() {
+		if pk := b.seg.st.key.private; !pk.IsZero() {
+			if pp := h.mu.pools[pk]; pp != nil && pp.uses == 0 {
+				if err := h.givePoolBackLocked(pp); err != nil {
+					h.log.Warn("xseg: giving a released pool's memory back", "pool", pk, "err", err)
+				}
+			}
+		}
+		if h.cfg.ReleaseThreshold > 0 {
+			h.trimLocked()
+		}
+	}
+	if invariantsOn {
+		h.checkLocked()
+	}
+	return nil
+}
+
+// privateStateLocked returns the state of private pool id for an
+// allocation of rs bytes on stream s; with the zero id, the state an active
+// route picks, or nil.
+func (h *Heap) privateStateLocked(id PoolID, s vmm.Stream, rs uint64) (*state, error) {
+	if id.IsZero() {
+		return h.routeLocked(s, rs), nil
+	}
+	pp := h.mu.pools[id]
+	if pp == nil || pp.uses == 0 {
+		return nil, fmt.Errorf("allocating %d bytes in pool %v: the pool is not retained: %w", rs, id, vmm.ErrInvalid)
+	}
+	return h.poolStateLocked(pp, s, h.PoolOf(rs)), nil
+}
+
+// unallocateLocked takes freed block b out of the allocated statistics.
+func (h *Heap) unallocateLocked(b *block) {
 	p := b.seg.Pool
 	st := &h.mu.stats
 	st.AllocatedBytes.down(p, int64(b.size))
 	st.RequestedBytes.down(p, int64(b.requested))
 	st.Allocations.down(p, 1)
 	b.requested = 0
-	if b.state == stAllocated && !h.keepPinnedLocked(b) {
-		h.deactivateLocked(b)
-	}
-	if h.cfg.ReleaseThreshold > 0 {
-		h.trimLocked()
-	}
-	if invariantsOn {
-		h.checkLocked()
-	}
-	return nil
 }
 
 func (h *Heap) badFreeLocked(ptr vmm.DevicePtr, b *block) error {

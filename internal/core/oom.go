@@ -28,6 +28,12 @@ func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, e
 	if !errors.Is(err, vmm.ErrOutOfMemory) {
 		return b, wrapAlloc(req, err)
 	}
+	if h.capturingLocked() {
+		// Emptying the cache waits for streams and events: illegal while
+		// a stream captures.
+		err = fmt.Errorf("%w (a private pool is active, as in a CUDA graph capture: the cache is not emptied)", err)
+		return nil, h.oomLocked(st.key.stream, req, 0, final, err)
+	}
 	h.mu.stats.NumAllocRetries++
 	h.logOOM("xseg: out of memory, emptying the cache and retrying", req, err)
 	werr := h.waitPendingLocked(func(b *block) bool { return b.seg.Stream == st.key.stream })

@@ -72,7 +72,7 @@ func (h *Heap) unpin(b *block) error {
 		return nil
 	}
 	delete(h.mu.pins, b)
-	if b.state == stPending && b.events == 0 {
+	if b.state == stPending && b.events == 0 && !b.deferred {
 		h.deactivateLocked(b)
 		if h.cfg.ReleaseThreshold > 0 {
 			h.trimLocked()

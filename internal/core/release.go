@@ -18,6 +18,10 @@ func (h *Heap) EmptyCache() error {
 	if h.mu.closed {
 		return fmt.Errorf("emptying the cache: %w", vmm.ErrClosed)
 	}
+	if h.capturingLocked() {
+		return fmt.Errorf("emptying the cache while a private pool is active (a CUDA graph capture is underway): %w", vmm.ErrInUse)
+	}
+	h.settleLocked()
 	err := h.waitPendingLocked(allBlocks)
 	err = errors.Join(err, h.releaseAllLocked(), h.destroyEventsLocked())
 	if invariantsOn {
@@ -30,39 +34,65 @@ func (h *Heap) EmptyCache() error {
 }
 
 // releaseAllLocked unmaps every whole free page of every segment, drops
-// empty segments and releases the page cache.
+// empty segments and releases the page cache. Private pools in use keep
+// their pages; released ones give them back.
 func (h *Heap) releaseAllLocked() error {
 	var errs []error
-	for _, st := range h.mu.states {
-		h.flush(st)
-		for _, seg := range slices.Clone(st.segs) {
-			if _, err := h.unmapFreeLocked(seg, math.MaxUint64, nil); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if seg.first.state == stUnmapped && seg.first.next == nil {
-				errs = append(errs, h.dropSegmentLocked(seg))
-			}
+	for _, pp := range h.mu.pools {
+		if pp.uses == 0 {
+			errs = append(errs, h.givePoolBackLocked(pp))
 		}
 	}
-	if err := h.back.ReleaseCache(&h.mu.stats); err != nil {
-		errs = append(errs, fmt.Errorf("releasing cached pages: %w", err))
+	for _, st := range h.mu.states {
+		if !st.key.private.IsZero() {
+			continue
+		}
+		errs = append(errs, h.releaseStateLocked(st, false))
 	}
-	h.syncReservedLocked()
+	errs = append(errs, h.releaseCacheLocked())
 	return errors.Join(errs...)
+}
+
+// releaseStateLocked unmaps every whole free page of st's segments (synced:
+// the caller has waited for the device) and gives back those left empty.
+func (h *Heap) releaseStateLocked(st *state, synced bool) error {
+	var errs []error
+	h.flush(st)
+	for _, seg := range slices.Clone(st.segs) {
+		if _, err := h.unmapFreeLocked(seg, math.MaxUint64, nil, synced); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if seg.first.state == stUnmapped && seg.first.next == nil {
+			errs = append(errs, h.dropSegmentLocked(seg))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// releaseCacheLocked releases the Backing's cached pages.
+func (h *Heap) releaseCacheLocked() error {
+	defer h.syncReservedLocked()
+	if err := h.back.ReleaseCache(&h.mu.stats); err != nil {
+		return fmt.Errorf("releasing cached pages: %w", err)
+	}
+	return nil
 }
 
 // trimLocked unmaps whole free pages while the free bytes in mapped pages
 // exceed the release threshold.
 func (h *Heap) trimLocked() {
 	over := h.freeMappedLocked() - int64(h.cfg.ReleaseThreshold)
-	if over <= 0 {
+	if over <= 0 || h.capturingLocked() {
 		return
 	}
 	for _, st := range h.mu.states {
+		if !st.key.private.IsZero() {
+			continue
+		}
 		h.flush(st)
 		for _, seg := range st.segs {
-			n, err := h.unmapFreeLocked(seg, uint64(over), nil)
+			n, err := h.unmapFreeLocked(seg, uint64(over), nil, false)
 			if err != nil {
 				h.log.Warn("xseg: unmapping free pages above the release threshold", "err", err)
 				return
@@ -80,16 +110,19 @@ func (h *Heap) freeMappedLocked() int64 {
 
 // unmapFreeLocked unmaps the whole pages inside free blocks of seg, up to
 // about budget bytes, after waiting for the work queued on the segment's
-// stream and for the pending blocks of the segment. It leaves the free
-// blocks in skip alone. The exact-size lists of the segment's state must
-// have been flushed.
-func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, skip []*block) (uint64, error) {
+// stream (unless synced: the caller waited for the whole device) and for
+// the pending blocks of the segment. It leaves the free blocks in skip
+// alone. The exact-size lists of the segment's state must have been
+// flushed.
+func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, skip []*block, synced bool) (uint64, error) {
 	if !hasWholePage(seg, skip) {
 		return 0, nil
 	}
-	h.mu.stats.Syncs++
-	if err := h.drv.StreamSynchronize(seg.Stream); err != nil {
-		return 0, fmt.Errorf("synchronizing stream %#x before unmapping: %w", uintptr(seg.Stream), err)
+	if !synced {
+		h.mu.stats.Syncs++
+		if err := h.drv.StreamSynchronize(seg.Stream); err != nil {
+			return 0, fmt.Errorf("synchronizing stream %#x before unmapping: %w", uintptr(seg.Stream), err)
+		}
 	}
 	if err := h.waitPendingLocked(func(b *block) bool { return b.seg == seg }); err != nil {
 		return 0, err

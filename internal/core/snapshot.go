@@ -35,14 +35,17 @@ type Range struct {
 // Segment is one segment: for the expandable allocator a reserved range of
 // one (device, stream, pool), for fallback one plain allocation.
 type Segment struct {
-	Device   vmm.Device    `json:"device"`
-	Stream   vmm.Stream    `json:"stream"`
-	Pool     string        `json:"pool"`
-	Base     vmm.DevicePtr `json:"base"`
-	Reserved uint64        `json:"reserved_size"`
-	PageSize uint64        `json:"page_size"`
-	Mapped   []Range       `json:"mapped"`
-	Blocks   []Block       `json:"blocks"`
+	Device vmm.Device `json:"device"`
+	Stream vmm.Stream `json:"stream"`
+	Pool   string     `json:"pool"`
+	// PrivatePool is the private pool the segment belongs to; zero for
+	// the shared pools.
+	PrivatePool PoolID        `json:"segment_pool_id"`
+	Base        vmm.DevicePtr `json:"base"`
+	Reserved    uint64        `json:"reserved_size"`
+	PageSize    uint64        `json:"page_size"`
+	Mapped      []Range       `json:"mapped"`
+	Blocks      []Block       `json:"blocks"`
 }
 
 // Snapshot is the allocator's state at one moment.
@@ -68,7 +71,7 @@ func (h *Heap) Snapshot() Snapshot {
 }
 
 func (h *Heap) segmentSnapshot(seg *Seg) Segment {
-	s := Segment{Device: h.dev, Stream: seg.Stream, Pool: seg.Pool.String(), Base: seg.Base, Reserved: seg.Size, PageSize: seg.PageSize}
+	s := Segment{Device: h.dev, Stream: seg.Stream, Pool: seg.Pool.String(), PrivatePool: seg.st.key.private, Base: seg.Base, Reserved: seg.Size, PageSize: seg.PageSize}
 	mappedRuns(seg, func(ptr vmm.DevicePtr, size uint64) {
 		s.Mapped = append(s.Mapped, Range{Ptr: ptr, Size: size})
 	})

@@ -52,7 +52,11 @@ func (h *Heap) parkLocked(b *block) error {
 }
 
 // pollLocked frees the pending blocks whose events have all completed.
+// It queries nothing while a pool is active (illegal during capture).
 func (h *Heap) pollLocked() {
+	if h.capturingLocked() {
+		return
+	}
 	keep := h.mu.pending[:0]
 	for _, p := range h.mu.pending {
 		done, err := h.drv.EventQuery(p.ev)

@@ -46,8 +46,8 @@ static CUresult xs_granularity(xs_syms *s, CUcontext c, size_t *g, CUdevice d, i
 	XS_IN_CTX(s, c, s->cuMemGetAllocationGranularity(g, &p, option));
 }
 static CUresult xs_memGetInfo(xs_syms *s, CUcontext c, size_t *free, size_t *total) { XS_IN_CTX(s, c, s->cuMemGetInfo(free, total)); }
-static CUresult xs_memAddressReserve(xs_syms *s, CUcontext c, CUdeviceptr *p, size_t size, size_t align) { XS_IN_CTX(s, c, s->cuMemAddressReserve(p, size, align, 0, 0)); }
-static CUresult xs_memAddressFree(xs_syms *s, CUcontext c, CUdeviceptr p, size_t size) { XS_IN_CTX(s, c, s->cuMemAddressFree(p, size)); }
+static CUresult xs_memAddressReserve(xs_syms *s, CUcontext c, CUdeviceptr *p, size_t size, size_t align) { XS_IN_CTX(s, c, XS_RELAXED(s, s->cuMemAddressReserve(p, size, align, 0, 0))); }
+static CUresult xs_memAddressFree(xs_syms *s, CUcontext c, CUdeviceptr p, size_t size) { XS_IN_CTX(s, c, XS_RELAXED(s, s->cuMemAddressFree(p, size))); }
 static CUresult xs_memCreate(xs_syms *s, CUcontext c, CUmemGenericAllocationHandle *h, size_t size, CUdevice d, int types, int rdma) {
 	CUmemAllocationProp p = {0};
 	p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -55,16 +55,16 @@ static CUresult xs_memCreate(xs_syms *s, CUcontext c, CUmemGenericAllocationHand
 	p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	p.location.id = d;
 	p.allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;
-	XS_IN_CTX(s, c, s->cuMemCreate(h, size, &p, 0));
+	XS_IN_CTX(s, c, XS_RELAXED(s, s->cuMemCreate(h, size, &p, 0)));
 }
-static CUresult xs_memRelease(xs_syms *s, CUcontext c, CUmemGenericAllocationHandle h) { XS_IN_CTX(s, c, s->cuMemRelease(h)); }
-static CUresult xs_memMap(xs_syms *s, CUcontext c, CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h) { XS_IN_CTX(s, c, s->cuMemMap(p, size, off, h, 0)); }
-static CUresult xs_memUnmap(xs_syms *s, CUcontext c, CUdeviceptr p, size_t size) { XS_IN_CTX(s, c, s->cuMemUnmap(p, size)); }
+static CUresult xs_memRelease(xs_syms *s, CUcontext c, CUmemGenericAllocationHandle h) { XS_IN_CTX(s, c, XS_RELAXED(s, s->cuMemRelease(h))); }
+static CUresult xs_memMap(xs_syms *s, CUcontext c, CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h) { XS_IN_CTX(s, c, XS_RELAXED(s, s->cuMemMap(p, size, off, h, 0))); }
+static CUresult xs_memUnmap(xs_syms *s, CUcontext c, CUdeviceptr p, size_t size) { XS_IN_CTX(s, c, XS_RELAXED(s, s->cuMemUnmap(p, size))); }
 static CUresult xs_memSetAccess1(xs_syms *s, CUcontext c, CUdeviceptr p, size_t size, CUdevice d, int flags) {
 	CUmemAccessDesc a = {{CU_MEM_LOCATION_TYPE_DEVICE, d}, flags};
-	XS_IN_CTX(s, c, s->cuMemSetAccess(p, size, &a, 1));
+	XS_IN_CTX(s, c, XS_RELAXED(s, s->cuMemSetAccess(p, size, &a, 1)));
 }
-static CUresult xs_memSetAccess(xs_syms *s, CUcontext c, CUdeviceptr p, size_t size, const CUmemAccessDesc *a, size_t n) { XS_IN_CTX(s, c, s->cuMemSetAccess(p, size, a, n)); }
+static CUresult xs_memSetAccess(xs_syms *s, CUcontext c, CUdeviceptr p, size_t size, const CUmemAccessDesc *a, size_t n) { XS_IN_CTX(s, c, XS_RELAXED(s, s->cuMemSetAccess(p, size, a, n))); }
 static CUresult xs_memExportFD(xs_syms *s, CUcontext c, int *fd, CUmemGenericAllocationHandle h) { XS_IN_CTX(s, c, s->cuMemExportToShareableHandle(fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)); }
 static CUresult xs_memExportFabric(xs_syms *s, CUcontext c, CUmemFabricHandle *f, CUmemGenericAllocationHandle h) { XS_IN_CTX(s, c, s->cuMemExportToShareableHandle(f, h, CU_MEM_HANDLE_TYPE_FABRIC, 0)); }
 static CUresult xs_memImportFD(xs_syms *s, CUcontext c, CUmemGenericAllocationHandle *h, int fd) { XS_IN_CTX(s, c, s->cuMemImportFromShareableHandle(h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)); }

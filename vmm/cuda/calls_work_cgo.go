@@ -17,6 +17,7 @@ package cuda
 static CUresult xs_streamCreate(xs_syms *s, CUcontext c, uintptr_t *st) { XS_IN_CTX(s, c, s->cuStreamCreate((CUstream *)st, CU_STREAM_NON_BLOCKING)); }
 static CUresult xs_streamDestroy(xs_syms *s, CUcontext c, uintptr_t st) { XS_IN_CTX(s, c, s->cuStreamDestroy((CUstream)st)); }
 static CUresult xs_streamSynchronize(xs_syms *s, CUcontext c, uintptr_t st) { XS_IN_CTX(s, c, s->cuStreamSynchronize((CUstream)st)); }
+static CUresult xs_ctxSynchronize(xs_syms *s, CUcontext c) { XS_IN_CTX(s, c, s->cuCtxSynchronize()); }
 static CUresult xs_eventCreate(xs_syms *s, CUcontext c, uintptr_t *e) { XS_IN_CTX(s, c, s->cuEventCreate((CUevent *)e, CU_EVENT_DISABLE_TIMING)); }
 static CUresult xs_eventRecord(xs_syms *s, CUcontext c, uintptr_t e, uintptr_t st) { XS_IN_CTX(s, c, s->cuEventRecord((CUevent)e, (CUstream)st)); }
 static CUresult xs_eventQuery(xs_syms *s, CUcontext c, uintptr_t e) { XS_IN_CTX(s, c, s->cuEventQuery((CUevent)e)); }
@@ -53,6 +54,11 @@ func (t symtab) streamCreate(c C.CUcontext) (vmm.Stream, error) {
 // CUresult cuStreamDestroy_v2(CUstream hStream);
 func (t symtab) streamDestroy(c C.CUcontext, s vmm.Stream) error {
 	return result(C.xs_streamDestroy(t.p, c, C.uintptr_t(s)))
+}
+
+// CUresult cuCtxSynchronize(void); in context c.
+func (t symtab) ctxSynchronize(c C.CUcontext) error {
+	return result(C.xs_ctxSynchronize(t.p, c))
 }
 
 // CUresult cuStreamSynchronize(CUstream hStream);

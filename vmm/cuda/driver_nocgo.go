@@ -53,6 +53,7 @@ func (*Driver) ImportFabric(vmm.FabricHandle) (vmm.Handle, error) { return 0, er
 func (*Driver) StreamCreate(vmm.Device) (vmm.Stream, error)       { return 0, errNoCgo }
 func (*Driver) StreamDestroy(vmm.Stream) error                    { return errNoCgo }
 func (*Driver) StreamSynchronize(vmm.Stream) error                { return errNoCgo }
+func (*Driver) DeviceSynchronize(vmm.Device) error                { return errNoCgo }
 func (*Driver) EventCreate(vmm.Device) (vmm.Event, error)         { return 0, errNoCgo }
 func (*Driver) EventRecord(vmm.Event, vmm.Stream) error           { return errNoCgo }
 func (*Driver) EventQuery(vmm.Event) (bool, error)                { return false, errNoCgo }

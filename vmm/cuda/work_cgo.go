@@ -102,6 +102,22 @@ func (d *Driver) StreamSynchronize(st vmm.Stream) error {
 	return nil
 }
 
+// DeviceSynchronize waits for the work queued on every stream of dev's
+// primary context (cuCtxSynchronize).
+func (d *Driver) DeviceSynchronize(dev vmm.Device) error {
+	if err := d.live(); err != nil {
+		return err
+	}
+	s, err := d.device(dev)
+	if err != nil {
+		return err
+	}
+	if err := d.sym.ctxSynchronize(s.ctx); err != nil {
+		return fmt.Errorf("cuCtxSynchronize on device %d: %w", dev, err)
+	}
+	return nil
+}
+
 // EventCreate makes an event without timing in dev's primary context.
 func (d *Driver) EventCreate(dev vmm.Device) (vmm.Event, error) {
 	if err := d.live(); err != nil {

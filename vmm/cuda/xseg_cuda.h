@@ -46,6 +46,7 @@ enum {
 	CU_EVENT_DISABLE_TIMING = 0x2,            // CUevent_flags
 	CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0, // CUdriverProcAddress_flags
 	CU_GET_PROC_ADDRESS_SUCCESS = 0,          // CUdriverProcAddressQueryResult
+	CU_STREAM_CAPTURE_MODE_RELAXED = 2,       // CUstreamCaptureMode
 };
 
 typedef struct {
@@ -110,6 +111,8 @@ typedef CUresult (*xs_version_fn)(int *version);
 	X(cuCtxPushCurrent, (CUcontext ctx)) \
 	X(cuCtxPopCurrent, (CUcontext *pctx)) \
 	X(cuCtxGetDevice, (CUdevice *device)) \
+	X(cuCtxSynchronize, (void)) \
+	X(cuThreadExchangeStreamCaptureMode, (int *mode)) \
 	X(cuMemGetInfo, (size_t *free, size_t *total)) \
 	X(cuMemGetAllocationGranularity, (size_t *granularity, const CUmemAllocationProp *prop, int option)) \
 	X(cuMemAddressReserve, (CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)) \
@@ -221,5 +224,22 @@ static inline uint64_t xs_clock(void) {
 	XS_ADD((s)->timed_trampolines, t0_); \
 	return r_; \
 } while (0)
+
+// XS_RELAXED runs call with the calling thread's stream-capture mode set to
+// relaxed, then puts the thread's mode back. A CUDA graph capture in the
+// global or thread-local mode forbids "potentially unsafe" calls while it
+// runs; creating, mapping and unmapping pages is legal in a capture (its
+// addresses stay valid for the graph's replays), as PyTorch's cudaMalloc
+// during capture is, so the VMM calls run relaxed, as PyTorch runs its
+// own allocations. Outside a capture the mode changes nothing.
+#define XS_RELAXED(s, call) ({ \
+	int mode_ = CU_STREAM_CAPTURE_MODE_RELAXED; \
+	CUresult x_ = (s)->cuThreadExchangeStreamCaptureMode(&mode_); \
+	if (x_ == CUDA_SUCCESS) { \
+		x_ = (call); \
+		(s)->cuThreadExchangeStreamCaptureMode(&mode_); \
+	} \
+	x_; \
+})
 
 #endif

@@ -50,6 +50,19 @@ func (d *Driver) StreamSynchronize(s vmm.Stream) error {
 	return d.checkStream(s)
 }
 
+// DeviceSynchronize returns at once for a valid device: nothing is ever
+// pending.
+func (d *Driver) DeviceSynchronize(dev vmm.Device) error {
+	if err := d.enter(); err != nil {
+		return err
+	}
+	defer d.life.RUnlock()
+	if err := d.checkDevice(dev); err != nil {
+		return fmt.Errorf("synchronizing: %w", err)
+	}
+	return nil
+}
+
 func (d *Driver) checkStream(s vmm.Stream) error {
 	if s == 0 {
 		return nil

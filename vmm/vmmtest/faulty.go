@@ -32,6 +32,7 @@ const (
 	OpStreamCreate      Op = "StreamCreate"
 	OpStreamDestroy     Op = "StreamDestroy"
 	OpStreamSynchronize Op = "StreamSynchronize"
+	OpDeviceSynchronize Op = "DeviceSynchronize"
 	OpEventCreate       Op = "EventCreate"
 	OpEventRecord       Op = "EventRecord"
 	OpEventQuery        Op = "EventQuery"

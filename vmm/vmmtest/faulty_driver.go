@@ -163,6 +163,14 @@ func (f *Faulty) StreamSynchronize(s vmm.Stream) error {
 	return f.d.StreamSynchronize(s)
 }
 
+// DeviceSynchronize implements vmm.Driver.
+func (f *Faulty) DeviceSynchronize(dev vmm.Device) error {
+	if err := f.enter(OpDeviceSynchronize); err != nil {
+		return err
+	}
+	return f.d.DeviceSynchronize(dev)
+}
+
 // EventCreate implements vmm.Driver.
 func (f *Faulty) EventCreate(dev vmm.Device) (vmm.Event, error) {
 	if err := f.enter(OpEventCreate); err != nil {

@@ -1,0 +1,122 @@
+// The hooks of PyTorch's CUDAPluggableAllocator for private pools (CUDA
+// graph captures), and the routing of allocations to them.
+//
+// PyTorch calls the hooks through std::function values made from plain
+// function pointers, so each hook is an extern "C" function with exactly
+// the C++ parameter types PyTorch's setters name:
+//
+//   set_begin_allocate_to_pool:  void(int, MempoolId_t, std::function<bool(cudaStream_t)>)
+//   set_end_allocate_to_pool_fn: void(int, MempoolId_t)
+//   set_release_pool:            void(int, MempoolId_t)
+//
+// where MempoolId_t is std::pair<unsigned long long, unsigned long long>.
+// The filter says which allocations belong to the pool (torch.cuda.graph:
+// those on the stream being captured; torch.compile's graph trees: those of
+// the calling thread). It is C++, so it stays here: begin keeps it, and
+// xseg_pool_route asks every kept filter of the device about an allocation,
+// in the order begun, as PyTorch's own allocator does. Go keeps the pools.
+//
+// A hook that fails throws std::runtime_error with xseg's reason: PyTorch
+// turns it into a Python RuntimeError at the capture call.
+#include <atomic>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xseg.h"
+#include "_cgo_export.h"
+
+namespace {
+
+struct Route {
+	xseg_pool_id id;
+	xseg_stream_filter filter;
+};
+
+// DeviceRoutes are the filters of one device's active pools. active lets
+// the allocation path skip the lock while no pool is active.
+struct DeviceRoutes {
+	std::mutex mu;
+	std::vector<Route> routes;
+	std::atomic<int> active{0};
+};
+
+constexpr int kMaxDevices = 64; // as cmd/libxseg's maxDevices
+DeviceRoutes g_routes[kMaxDevices];
+
+DeviceRoutes* routes_of(int device) {
+	if (device < 0 || device >= kMaxDevices) {
+		return nullptr;
+	}
+	return &g_routes[device];
+}
+
+[[noreturn]] void fail(const char* what) {
+	const char* e = xseg_last_error();
+	throw std::runtime_error(std::string(what) + ": " + (e != nullptr ? e : "unknown error"));
+}
+
+} // namespace
+
+extern "C" void xseg_begin_allocate_to_pool(int device, xseg_pool_id id, xseg_stream_filter filter) {
+	DeviceRoutes* r = routes_of(device);
+	if (r == nullptr || !filter) {
+		throw std::invalid_argument("xseg_begin_allocate_to_pool: device " + std::to_string(device) +
+		                            (r == nullptr ? " out of range" : ": empty filter"));
+	}
+	if (xsegGoBeginPool(device, id.first, id.second) != 0) {
+		fail("xseg_begin_allocate_to_pool");
+	}
+	std::lock_guard<std::mutex> g(r->mu);
+	r->routes.push_back(Route{id, std::move(filter)});
+	r->active.store(static_cast<int>(r->routes.size()), std::memory_order_release);
+}
+
+extern "C" void xseg_end_allocate_to_pool(int device, xseg_pool_id id) {
+	DeviceRoutes* r = routes_of(device);
+	if (r != nullptr) {
+		std::lock_guard<std::mutex> g(r->mu);
+		for (auto it = r->routes.begin(); it != r->routes.end(); ++it) {
+			if (it->id == id) {
+				r->routes.erase(it);
+				break;
+			}
+		}
+		r->active.store(static_cast<int>(r->routes.size()), std::memory_order_release);
+	}
+	if (xsegGoEndPool(device, id.first, id.second) != 0) {
+		fail("xseg_end_allocate_to_pool");
+	}
+}
+
+extern "C" void xseg_release_pool(int device, xseg_pool_id id) {
+	if (xsegGoReleasePool(device, id.first, id.second) != 0) {
+		fail("xseg_release_pool");
+	}
+}
+
+extern "C" int xseg_pool_route(int device, void* stream, unsigned long long* first, unsigned long long* second) {
+	DeviceRoutes* r = routes_of(device);
+	if (r == nullptr || r->active.load(std::memory_order_acquire) == 0) {
+		return 0;
+	}
+	std::lock_guard<std::mutex> g(r->mu);
+	try {
+		for (const Route& route : r->routes) {
+			if (route.filter(static_cast<cudaStream_t>(stream))) {
+				*first = route.id.first;
+				*second = route.id.second;
+				return 1;
+			}
+		}
+	} catch (const std::exception&) {
+		return -1;
+	} catch (...) {
+		return -1;
+	}
+	return 0;
+}
