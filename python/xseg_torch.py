@@ -41,7 +41,7 @@ __all__ = [
     "max_memory_allocated", "max_memory_reserved", "num_ooms",
     "num_alloc_retries", "empty_cache", "clear_cache", "reset_peak_stats",
     "snapshot", "last_error", "version", "share", "unshare", "open",
-    "pool_allocations",
+    "pool_allocations", "graph_tree_calls",
 ]
 
 _LIB_NAME = "libxseg.so"
@@ -641,6 +641,26 @@ def _has_standard_deleter(cdata):
     return _graph_originals["_has_Standard_Deleter"](cdata)
 
 
+def graph_tree_calls():
+    """How many times each torch._C function of CUDA graph trees that
+    install() routes to xseg has been called (for tests and diagnosis)."""
+    with _graph_lock:
+        return dict(_graph_calls)
+
+
+_graph_calls = {}
+
+
+def _counted(name, fn):
+    def call(*args):
+        with _graph_lock:
+            _graph_calls[name] = _graph_calls.get(name, 0) + 1
+        return fn(*args)
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = fn.__doc__
+    return call
+
+
 _GRAPH_TREE_PATCHES = {
     "_cuda_checkPoolLiveAllocations": _check_pool_live_allocations,
     "_cuda_getCheckpointState": _get_checkpoint_state,
@@ -658,4 +678,4 @@ def _patch_graph_trees(torch):
             if name in _graph_originals or not hasattr(torch._C, name):
                 continue
             _graph_originals[name] = getattr(torch._C, name)
-            setattr(torch._C, name, fn)
+            setattr(torch._C, name, _counted(name, fn))

@@ -16,8 +16,12 @@
 // throw.cc adds xseg_malloc_or_throw, which PyTorch is given instead of
 // xseg_malloc: PyTorch does not check a NULL from a pluggable allocator (it
 // hands out a tensor at address 0), but it turns a C++ exception into a
-// Python RuntimeError. Built with CGO_ENABLED=0 the package is a command
-// that only says how to build it.
+// Python RuntimeError. pools.cc holds PyTorch's private-pool hooks (begin
+// and end allocating to a pool, release a pool: CUDA graph captures), whose
+// C++ signatures take std::function values; it keeps PyTorch's filters and
+// routes each allocation the filter accepts to the pool's Go allocator.
+// Built with CGO_ENABLED=0 the package is a command that only says how to
+// build it.
 //
 // # Lifetime
 //
