@@ -109,7 +109,7 @@ func (h *Heap) RestorePool(cp PoolCheckpoint) (freed, allocated []vmm.DevicePtr,
 		h.flush(st)
 	}
 	for _, cb := range cp.Blocks {
-		if b := h.mu.blocks[cb.Ptr]; b != nil && b.state == stAllocated && b.size == cb.Size {
+		if b := h.mu.blocks[cb.Ptr]; b != nil && b.state == stAllocated && b.size == cb.Size && b.seg.st.key.private == cp.ID {
 			continue
 		}
 		if err := h.carveLocked(pp, cb); err != nil {

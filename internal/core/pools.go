@@ -200,15 +200,33 @@ func (h *Heap) settleLocked() {
 
 // givePoolBackLocked unmaps the whole free pages of released pool pp,
 // releases them to the driver (with the rest of the page cache) and gives
-// back its empty segments; with no segment left, the pool is gone.
+// back its empty segments; with no segment left, the pool is gone. The
+// pool's freed blocks still waiting for stream events are waited for:
+// after the device-wide sync their events have completed. While a pool is
+// active it does nothing (no sync, no unmap during a capture):
+// settleLocked gives the pool back once none is.
 func (h *Heap) givePoolBackLocked(pp *privatePool) error {
-	if poolMapped(pp) > 0 && hasFreePage(pp) {
+	if h.capturingLocked() {
+		return nil
+	}
+	// Coalesce first: blocks parked in exact-size lists may make whole
+	// free pages only together, and whether the device must be synced
+	// depends on whether any page will be unmapped.
+	for _, st := range pp.states {
+		h.flush(st)
+	}
+	inPool := func(b *block) bool { return b.seg.st.key.private == pp.id }
+	pending := slices.ContainsFunc(h.mu.pending, func(p pendingEvent) bool { return inPool(p.b) })
+	if poolMapped(pp) > 0 && (pending || hasFreePage(pp)) {
 		h.mu.stats.Syncs++
 		if err := h.drv.DeviceSynchronize(h.dev); err != nil {
 			return fmt.Errorf("giving back pool %v: waiting for the device: %w", pp.id, err)
 		}
 	}
 	var errs []error
+	if pending {
+		errs = append(errs, h.waitPendingLocked(inPool))
+	}
 	for _, st := range pp.states {
 		errs = append(errs, h.releaseStateLocked(st, true))
 	}
@@ -237,23 +255,14 @@ func poolMapped(pp *privatePool) uint64 {
 	return n
 }
 
+// hasFreePage reports whether a segment of pp has a whole free page; the
+// pool's exact-size lists must have been flushed.
 func hasFreePage(pp *privatePool) bool {
 	for _, st := range pp.states {
 		for _, seg := range st.segs {
-			if hasFreeOrExactPage(seg) {
+			if hasWholePage(seg, nil) {
 				return true
 			}
-		}
-	}
-	return false
-}
-
-// hasFreeOrExactPage is hasWholePage counting blocks parked in exact-size
-// lists too (a flush would coalesce them).
-func hasFreeOrExactPage(seg *Seg) bool {
-	for b := seg.first; b != nil; b = b.next {
-		if lo, hi := wholePages(seg, b); b.state == stFree && hi > lo {
-			return true
 		}
 	}
 	return false
@@ -282,19 +291,14 @@ func (h *Heap) routeLocked(s vmm.Stream, rs uint64) *state {
 	return nil
 }
 
-// inUse reports whether st belongs to a private pool that is still in use:
-// its pages must stay mapped.
-func (h *Heap) inUse(st *state) bool {
-	if st.key.private.IsZero() {
-		return false
-	}
-	pp := h.mu.pools[st.key.private]
-	return pp != nil && pp.uses > 0
-}
-
 // AllocInPool returns a block of at least size bytes from private pool id
 // (retained, active or not) for use on stream s.
 func (h *Heap) AllocInPool(id PoolID, size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
+	if id.IsZero() {
+		// allocTo would take the zero id for "no pool named" and
+		// allocate from the shared pools.
+		return 0, fmt.Errorf("allocating %d bytes in pool %v: the zero id names no private pool: %w", size, id, vmm.ErrInvalid)
+	}
 	return h.allocTo(size, s, true, id)
 }
 
