@@ -819,7 +819,9 @@ func TestPoolPagesNeverUnmapped(t *testing.T) {
 		A := pid(1)
 		m := fill(e, A)
 		require.Equal(t, m, mappedOf(e.a, A), "the frees in the pool trimmed nothing of it")
+		unmaps := e.a.Stats().Unmaps
 		e.free(e.alloc(45<<20, 0), e.alloc(4096, e.s))
+		require.Greater(t, e.a.Stats().Unmaps, unmaps, "the shared pages were trimmed")
 		require.Equal(t, m, mappedOf(e.a, A))
 		require.NoError(t, e.a.ReleasePool(A))
 		require.Empty(t, poolSegments(e.a, A))
@@ -833,6 +835,7 @@ func TestPoolPagesNeverUnmapped(t *testing.T) {
 		m := fill(e, A) // 60 MiB of large pages, 2 MiB of small ones
 		_, err := e.a.Alloc(60<<20, 0)
 		require.ErrorIs(t, err, vmm.ErrOutOfMemory, "only the pool's free pages could serve it")
+		require.Positive(t, e.a.Stats().NumAllocRetries, "the OOM policy ran")
 		require.Equal(t, m, mappedOf(e.a, A))
 		_, err = e.a.Alloc(60<<20, e.side)
 		require.ErrorIs(t, err, vmm.ErrOutOfMemory)
@@ -845,12 +848,14 @@ func TestPoolPagesNeverUnmapped(t *testing.T) {
 		e := newPoolEnv(t, 1<<30, DefaultConfig())
 		A := pid(1)
 		m := fill(e, A)
-		// Shared growth with free pages around: stealing may unmap shared
-		// pages, never A's.
-		p := e.alloc(41<<20, 0)
-		q := e.alloc(1<<20, 0)
+		// Shared growth with whole free pages in the middle of the shared
+		// segment: they are stolen (unmapped for reuse), never A's.
+		p := e.alloc(40<<20, 0)
+		q := e.alloc(10<<20, 0)
 		e.free(p)
-		r := e.alloc(81<<20, 0)
+		unmaps := e.a.Stats().Unmaps
+		r := e.alloc(50<<20, 0)
+		require.Greater(t, e.a.Stats().Unmaps, unmaps, "shared pages were stolen")
 		require.Equal(t, m, mappedOf(e.a, A))
 		e.free(q, r)
 		require.NoError(t, e.a.ReleasePool(A))
@@ -950,9 +955,37 @@ func TestPoolCheckpointRestore(t *testing.T) {
 	_, _, err = e.a.RestorePool(bad)
 	require.ErrorIs(t, err, vmm.ErrInvalid, "a shared block is not the pool's")
 	bad = core.PoolCheckpoint{ID: A, Blocks: []core.CheckpointBlock{{Ptr: 0x1000, Size: 512}}}
-	_, _, err = e.a.RestorePool(bad)
+	freed, _, err = e.a.RestorePool(bad)
 	require.ErrorIs(t, err, vmm.ErrInvalid)
+	require.ElementsMatch(t, want, freed, "as documented, the frees are done before the failing block")
 	e.free(sh)
+	_, _, err = e.a.RestorePool(cp)
+	require.NoError(t, err)
+
+	// Malformed blocks (as a checkpoint read back from JSON may hold) are
+	// refused without changing the pool: a block of 0 bytes, of a size
+	// that is not whole 512-byte units, misaligned, or wrapping around.
+	e.free(bs[4])
+	at := bs[4].Add(512)
+	for _, cb := range []core.CheckpointBlock{{Ptr: at, Size: 0}, {Ptr: at, Size: 700}, {Ptr: at + 256, Size: 512}, {Ptr: at, Size: ^uint64(0) - 511}} {
+		bad = core.PoolCheckpoint{ID: A, Blocks: []core.CheckpointBlock{cb}}
+		before, err := e.a.PoolAllocations(A)
+		require.NoError(t, err)
+		_, _, err = e.a.RestorePool(bad)
+		require.ErrorIs(t, err, vmm.ErrInvalid, "checkpoint block %v+%d", cb.Ptr, cb.Size)
+		for _, seg := range poolSegments(e.a, A) {
+			for _, b := range seg.Blocks {
+				require.True(t, b.Size > 0 && b.Size%512 == 0 && uint64(b.Ptr-seg.Base)%512 == 0, "restoring %v+%d made block %v+%d", cb.Ptr, cb.Size, b.Ptr, b.Size)
+			}
+		}
+		if cb.Size == 0 || cb.Size%512 != 0 || cb.Ptr.Add(cb.Size) < cb.Ptr {
+			after, err := e.a.PoolAllocations(A)
+			require.NoError(t, err)
+			require.Equal(t, before, after, "refused before changing anything")
+		}
+	}
+	_, _, err = e.a.RestorePool(cp)
+	require.NoError(t, err)
 
 	// A released pool cannot be restored.
 	require.NoError(t, e.a.ReleasePool(A))
@@ -1136,6 +1169,7 @@ func TestPoolConcurrent(t *testing.T) {
 		size uint64
 		tag  int
 	}
+	var overlapped atomic.Int64 // worker allocations while a pool was active
 	for w := range workers {
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(w), 11))
@@ -1169,6 +1203,9 @@ func TestPoolConcurrent(t *testing.T) {
 					}
 				}
 				size := sizes[r.IntN(len(sizes))]
+				if e.g.armed.Load() > 0 {
+					overlapped.Add(1)
+				}
 				p, err := e.a.Alloc(size, streams[r.IntN(2)])
 				if err != nil {
 					fail(err)
@@ -1281,6 +1318,7 @@ func TestPoolConcurrent(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
+	t.Logf("%d worker allocations while a pool was active", overlapped.Load())
 	e.noViolations()
 	require.NoError(t, e.a.EmptyCache())
 	st := e.a.Stats()

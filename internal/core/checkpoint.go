@@ -86,6 +86,13 @@ func (h *Heap) RestorePool(cp PoolCheckpoint) (freed, allocated []vmm.DevicePtr,
 	if pp == nil || pp.uses == 0 {
 		return nil, nil, fmt.Errorf("restoring pool %v: the pool is not retained: %w", cp.ID, vmm.ErrInvalid)
 	}
+	for _, cb := range cp.Blocks {
+		// A block of another size would break the books (blocks are
+		// whole 512-byte units); refuse before changing anything.
+		if cb.Size == 0 || cb.Size%MinBlock != 0 || cb.Ptr.Add(cb.Size) < cb.Ptr {
+			return nil, nil, fmt.Errorf("restoring pool %v: block %v+%d of the checkpoint is not a positive multiple of %d bytes: %w", cp.ID, cb.Ptr, cb.Size, MinBlock, vmm.ErrInvalid)
+		}
+	}
 	h.settleLocked()
 	in := func(b *block) bool { return b.seg.st.key.private == cp.ID }
 	if err := h.waitPendingLocked(in); err != nil {
@@ -159,7 +166,7 @@ func (h *Heap) carveLocked(pp *privatePool, cb CheckpointBlock) error {
 			}
 		}
 	}
-	if hold == nil || hold.state != stFree || hold.inExact {
+	if hold == nil || hold.state != stFree || hold.inExact || uint64(cb.Ptr-hold.seg.Base)%MinBlock != 0 {
 		return fmt.Errorf("block %v+%d of the checkpoint is not on free mapped memory of the pool: %w", cb.Ptr, cb.Size, vmm.ErrInvalid)
 	}
 	st := hold.seg.st
