@@ -649,6 +649,28 @@ func TestPoolReleaseReturnsMemory(t *testing.T) {
 		sameUsage(t, c.baseU, e.host.Usage())
 	})
 
+	// A released pool kept alive by a live block can be retained again:
+	// it maps pages anew, and they are in use again.
+	t.Run("RetainAgain", func(t *testing.T) {
+		c := start(t)
+		e, A := c.e, pid(1)
+		require.NoError(t, e.a.RetainPool(A))
+		live := e.allocIn(A, 3<<20, 0)
+		e.free(e.allocIn(A, 50<<20, 0))
+		require.NoError(t, e.a.ReleasePool(A))
+		require.NoError(t, e.a.RetainPool(A))
+		p := e.allocIn(A, 50<<20, 0)
+		require.Equal(t, A, e.poolOf(p))
+		e.free(p)
+		m := mappedOf(e.a, A)
+		require.NoError(t, e.a.EmptyCache())
+		require.Equal(t, m, mappedOf(e.a, A), "retained again: its pages stay")
+		require.NoError(t, e.a.ReleasePool(A))
+		e.free(live)
+		require.Empty(t, poolSegments(e.a, A))
+		sameUsage(t, c.baseU, e.host.Usage())
+	})
+
 	// Releasing while another pool is active waits for its end.
 	t.Run("ReleaseDuringCapture", func(t *testing.T) {
 		c := start(t)
@@ -771,6 +793,11 @@ func TestPoolOOMDuringCapture(t *testing.T) {
 	_, err = e.a.AllocInPool(A, 60<<20, e.s)
 	require.ErrorIs(t, err, vmm.ErrOutOfMemory)
 	require.Equal(t, shared, e.a.Stats().ReservedBytes.All.Current, "the shared cache was not emptied")
+	q0, n, err := e.a.AllocAtMost(4<<30, 1<<20, e.s) // shrinks to what fits, no cache emptied
+	require.NoError(t, err)
+	require.LessOrEqual(t, n, uint64(40<<20))
+	require.Equal(t, A, e.poolOf(q0))
+	e.free(q0)
 	p := e.alloc(30<<20, e.s) // what fits still works
 	require.Equal(t, A, e.poolOf(p))
 	e.noViolations()

@@ -322,6 +322,27 @@ func TestPools(t *testing.T) {
 			require.Empty(e.t, e.segments(A))
 			require.Zero(e.t, e.host.Usage().Allocs)
 		}},
+		{"SyncBeforeFreeingCoalescedSegment", DefaultConfig(), 1 << 30, func(e *poolEnv) {
+			// Two halves of one small segment, parked in exact-size lists:
+			// wholly free only once coalesced.
+			require.NoError(e.t, e.a.RetainPool(A))
+			e.free(e.allocIn(A, 1*mib, 0), e.allocIn(A, 1*mib, 0))
+			syncs := e.f.Calls(vmmtest.OpDeviceSynchronize)
+			require.NoError(e.t, e.a.ReleasePool(A))
+			require.Equal(e.t, syncs+1, e.f.Calls(vmmtest.OpDeviceSynchronize))
+			require.Empty(e.t, e.segments(A))
+			require.Zero(e.t, e.host.Usage().Allocs)
+		}},
+		{"LiveBlockUsedOnAnotherStream", DefaultConfig(), 1 << 30, func(e *poolEnv) {
+			require.NoError(e.t, e.a.RetainPool(A))
+			live := e.allocIn(A, 3*mib, 0)
+			require.NoError(e.t, e.a.RecordStream(live, e.side))
+			require.NoError(e.t, e.a.ReleasePool(A))
+			e.g.hold.Store(true)
+			e.free(live)
+			require.Empty(e.t, e.segments(A), "the released pool went at its last free, after a device sync")
+			require.Zero(e.t, e.host.Usage().Allocs)
+		}},
 		{"NoForbiddenCallsDuringCapture", withThreshold, 1 << 30, func(e *poolEnv) {
 			require.NoError(e.t, e.a.RetainPool(B))
 			e.free(e.allocIn(B, 3*mib, 0))
