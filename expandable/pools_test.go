@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -1361,22 +1360,16 @@ func TestPoolConcurrent(t *testing.T) {
 	require.Zero(t, u.Ranges)
 }
 
-// Known bugs outside pools.go and checkpoint.go: each test shows one and
-// is skipped unless XSEG_KNOWN_BUGS is set (the fixes are in files this
-// change did not own).
-func knownBug(t *testing.T, what string) {
-	if os.Getenv("XSEG_KNOWN_BUGS") == "" {
-		t.Skip("known bug, not fixed here (set XSEG_KNOWN_BUGS=1 to run): " + what)
-	}
-}
+// Regression tests of three bugs the pool tests found (a nil dereference
+// in Free after coalescing, OOM retries racing a capture, the release
+// threshold counting pool bytes).
 
-// TestKnownBugFreeAfterCoalesce: Free reads b.seg after deactivateLocked,
+// TestRegressionFreeAfterCoalesce: Free reads b.seg after deactivateLocked,
 // which may have coalesced b into its free predecessor and recycled it
 // (once a state holds maxExact blocks in its exact-size lists): a nil
 // dereference at internal/core/heap.go:215. Not pool-specific: any
 // workload with 4096 parked blocks in one (stream, pool) crashes.
-func TestKnownBugFreeAfterCoalesce(t *testing.T) {
-	knownBug(t, "heap.go Free uses b.seg after b was recycled by coalesce")
+func TestRegressionFreeAfterCoalesce(t *testing.T) {
 	a := newAlloc(t, hostDriver(t, 1<<30), DefaultConfig())
 	var ps []vmm.DevicePtr
 	for range 4200 {
@@ -1389,12 +1382,11 @@ func TestKnownBugFreeAfterCoalesce(t *testing.T) {
 	}
 }
 
-// TestKnownBugOOMRetryDuringCapture: the OOM policy sleeps between retries
+// TestRegressionOOMRetryDuringCapture: the OOM policy sleeps between retries
 // with the lock released; a capture begun meanwhile does not stop the
 // retry from emptying the cache (stream syncs and unmaps during capture,
 // internal/core/oom.go, the retry loop's releaseAllLocked).
-func TestKnownBugOOMRetryDuringCapture(t *testing.T) {
-	knownBug(t, "oom.go retry loop empties the cache during a capture begun while it slept")
+func TestRegressionOOMRetryDuringCapture(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.OOMMaxRetries = 1
 	cfg.OOMDelay = 300 * time.Millisecond
@@ -1421,14 +1413,13 @@ func TestKnownBugOOMRetryDuringCapture(t *testing.T) {
 	require.NoError(t, e.a.ReleasePool(A))
 }
 
-// TestKnownBugThresholdCountsPoolFreeBytes: trimLocked compares the free
+// TestRegressionThresholdCountsPoolFreeBytes: trimLocked compares the free
 // bytes of all mapped pages, a retained pool's included, with the release
 // threshold, but can unmap only shared pages: with a pool holding more
 // free bytes than the threshold, every Free in the shared pools unmaps
 // every whole free shared page (a stream sync each time) and the next
 // allocation maps them again (internal/core/release.go freeMappedLocked).
-func TestKnownBugThresholdCountsPoolFreeBytes(t *testing.T) {
-	knownBug(t, "release.go trim counts private pools' free bytes")
+func TestRegressionThresholdCountsPoolFreeBytes(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.ReleaseThreshold = 50 << 20
 	e := newPoolEnv(t, 1<<30, cfg)

@@ -208,11 +208,12 @@ func (h *Heap) Free(ptr vmm.DevicePtr) error {
 		}
 	}
 	h.unallocateLocked(b)
+	pk := b.seg.st.key.private // b may be merged away and recycled below
 	if b.state == stAllocated && !h.keepPinnedLocked(b) {
 		h.deactivateLocked(b)
 	}
 	if !h.capturingLocked() {
-		if pk := b.seg.st.key.private; !pk.IsZero() {
+		if !pk.IsZero() {
 			if pp := h.mu.pools[pk]; pp != nil && pp.uses == 0 {
 				if err := h.givePoolBackLocked(pp); err != nil {
 					h.log.Warn("xseg: giving a released pool's memory back", "pool", pk, "err", err)

@@ -56,6 +56,12 @@ func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, e
 		if h.mu.closed {
 			return nil, fmt.Errorf("allocating %d bytes: %w", req, vmm.ErrClosed)
 		}
+		if h.capturingLocked() {
+			// A capture began while the lock was released: emptying the
+			// cache would synchronize and unmap during it.
+			b, err = h.findLocked(st, rs)
+			continue
+		}
 		h.pollLocked()
 		if rerr := h.releaseAllLocked(); rerr != nil {
 			h.log.Warn("xseg: emptying the cache after an OOM", "err", rerr)

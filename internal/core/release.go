@@ -104,8 +104,32 @@ func (h *Heap) trimLocked() {
 	}
 }
 
+// freeMappedLocked is the free bytes in mapped pages of the shared pools:
+// those the release threshold may unmap (private pools keep theirs).
 func (h *Heap) freeMappedLocked() int64 {
-	return int64(h.mu.mapped[Small]+h.mu.mapped[Large]) - h.mu.stats.ActiveBytes.All.Current
+	n := int64(h.mu.mapped[Small]+h.mu.mapped[Large]) - h.mu.stats.ActiveBytes.All.Current
+	for _, pp := range h.mu.pools {
+		for _, st := range pp.states {
+			for _, seg := range st.segs {
+				n -= int64(seg.mapped)
+			}
+			n += poolActive(st)
+		}
+	}
+	return n
+}
+
+// poolActive is the active (allocated or pending) bytes of private state st.
+func poolActive(st *state) int64 {
+	var n int64
+	for _, seg := range st.segs {
+		for b := seg.first; b != nil; b = b.next {
+			if b.state == stAllocated || b.state == stPending {
+				n += int64(b.size)
+			}
+		}
+	}
+	return n
 }
 
 // unmapFreeLocked unmaps the whole pages inside free blocks of seg, up to
