@@ -25,7 +25,7 @@ import (
 
 // Tests of the private pools (xseg.Pools) of the expandable allocator: the
 // memory of CUDA graph captures. They run on the host backend, whose
-// streams are synchronous; the capture tests wrap it in captureGuard, which
+// streams are synchronous; the capture tests wrap it in vmmtest.CaptureGuard, which
 // fails (and records) every driver call that stream capture forbids while
 // the test has a pool active, and can hold events incomplete.
 
@@ -34,88 +34,6 @@ func pid(n uint64) core.PoolID { return core.PoolID{First: 0, Second: n} }
 // onStream is PyTorch's capture filter: it accepts the capturing stream.
 func onStream(s vmm.Stream) func(vmm.Stream) bool {
 	return func(x vmm.Stream) bool { return x == s }
-}
-
-// errCapture is the cause of the calls captureGuard fails.
-var errCapture = errors.New("a call illegal during stream capture")
-
-// captureGuard wraps a driver. While armed (the test holds a pool active)
-// it fails every call that stream capture forbids, and records it: event
-// query, record and synchronize, stream and device synchronize, unmap, and
-// MemFree (cudaFree synchronizes the device). While hold is set, events
-// report incomplete to EventQuery (EventSynchronize still completes them).
-type captureGuard struct {
-	vmm.Driver
-	armed atomic.Int32 // pools the test has active
-	hold  atomic.Bool
-	mu    sync.Mutex
-	bad   []string
-}
-
-func (g *captureGuard) forbid(op string) error {
-	if g.armed.Load() == 0 {
-		return nil
-	}
-	g.mu.Lock()
-	g.bad = append(g.bad, op)
-	g.mu.Unlock()
-	return fmt.Errorf("%s while a pool is active: %w", op, errCapture)
-}
-
-func (g *captureGuard) violations() []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return slices.Clone(g.bad)
-}
-
-func (g *captureGuard) EventQuery(e vmm.Event) (bool, error) {
-	if err := g.forbid("EventQuery"); err != nil {
-		return false, err
-	}
-	done, err := g.Driver.EventQuery(e)
-	return done && !g.hold.Load(), err
-}
-
-func (g *captureGuard) EventRecord(e vmm.Event, s vmm.Stream) error {
-	if err := g.forbid("EventRecord"); err != nil {
-		return err
-	}
-	return g.Driver.EventRecord(e, s)
-}
-
-func (g *captureGuard) EventSynchronize(e vmm.Event) error {
-	if err := g.forbid("EventSynchronize"); err != nil {
-		return err
-	}
-	return g.Driver.EventSynchronize(e)
-}
-
-func (g *captureGuard) StreamSynchronize(s vmm.Stream) error {
-	if err := g.forbid("StreamSynchronize"); err != nil {
-		return err
-	}
-	return g.Driver.StreamSynchronize(s)
-}
-
-func (g *captureGuard) DeviceSynchronize(dev vmm.Device) error {
-	if err := g.forbid("DeviceSynchronize"); err != nil {
-		return err
-	}
-	return g.Driver.DeviceSynchronize(dev)
-}
-
-func (g *captureGuard) Unmap(ptr vmm.DevicePtr, size uint64) error {
-	if err := g.forbid("Unmap"); err != nil {
-		return err
-	}
-	return g.Driver.Unmap(ptr, size)
-}
-
-func (g *captureGuard) MemFree(ptr vmm.DevicePtr) error {
-	if err := g.forbid("MemFree"); err != nil {
-		return err
-	}
-	return g.Driver.MemFree(ptr)
 }
 
 // forbiddenOps are the operations counted by poolEnv.forbidden.
@@ -155,12 +73,12 @@ func (l *logRecorder) contains(sub string) bool {
 	return slices.ContainsFunc(l.msgs, func(m string) bool { return strings.Contains(m, sub) })
 }
 
-// poolEnv is an allocator over Faulty(captureGuard(host)) with a capture
+// poolEnv is an allocator over Faulty(vmmtest.CaptureGuard(host)) with a capture
 // stream s and a side stream.
 type poolEnv struct {
 	t       *testing.T
 	host    *host.Driver
-	g       *captureGuard
+	g       *vmmtest.CaptureGuard
 	f       *vmmtest.Faulty
 	log     *logRecorder
 	a       *Allocator
@@ -170,7 +88,7 @@ type poolEnv struct {
 func newPoolEnv(t *testing.T, capacity uint64, cfg Config) *poolEnv {
 	t.Helper()
 	hd := hostDriver(t, capacity)
-	g := &captureGuard{Driver: hd}
+	g := &vmmtest.CaptureGuard{Driver: hd}
 	f := vmmtest.NewFaulty(g)
 	lg := &logRecorder{}
 	a, err := New(f, 0, cfg, slog.New(lg))
@@ -180,7 +98,7 @@ func newPoolEnv(t *testing.T, capacity uint64, cfg Config) *poolEnv {
 	side, err := hd.StreamCreate(0)
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		g.armed.Store(0)
+		g.Armed.Store(0)
 		require.NoError(t, a.Close())
 		require.NoError(t, hd.StreamDestroy(s))
 		require.NoError(t, hd.StreamDestroy(side))
@@ -192,13 +110,13 @@ func newPoolEnv(t *testing.T, capacity uint64, cfg Config) *poolEnv {
 func (e *poolEnv) begin(id core.PoolID, filter func(vmm.Stream) bool) {
 	e.t.Helper()
 	require.NoError(e.t, e.a.BeginAllocateToPool(id, filter))
-	e.g.armed.Add(1)
+	e.g.Armed.Add(1)
 }
 
 // end disarms the guard and ends the capture into pool id.
 func (e *poolEnv) end(id core.PoolID) {
 	e.t.Helper()
-	e.g.armed.Add(-1)
+	e.g.Armed.Add(-1)
 	require.NoError(e.t, e.a.EndAllocateToPool(id))
 }
 
@@ -234,7 +152,7 @@ func (e *poolEnv) forbidden() map[vmmtest.Op]int {
 // noViolations checks that the guard saw no forbidden call.
 func (e *poolEnv) noViolations() {
 	e.t.Helper()
-	require.Empty(e.t, e.g.violations(), "calls illegal during stream capture were made while a pool was active")
+	require.Empty(e.t, e.g.Violations(), "calls illegal during stream capture were made while a pool was active")
 }
 
 // segmentOf returns the segment of a's snapshot that holds ptr.
@@ -641,7 +559,7 @@ func TestPoolReleaseReturnsMemory(t *testing.T) {
 		live := e.allocIn(A, 1<<20, e.s)
 		require.NoError(t, e.a.RecordStream(live, e.side))
 		require.NoError(t, e.a.ReleasePool(A))
-		e.g.hold.Store(true)
+		e.g.Hold.Store(true)
 		e.free(live)
 		require.Empty(t, poolSegments(e.a, A), "the released pool's last block went after a device sync")
 		require.Equal(t, c.base, e.a.Stats().ReservedBytes.All.Current)
@@ -719,7 +637,7 @@ func TestPoolNoSyncWhileActive(t *testing.T) {
 	// Before: a pending shared free (an event recorded, not completed), a
 	// shared block used on the side stream, and a retained pool B with free
 	// pages.
-	e.g.hold.Store(true)
+	e.g.Hold.Store(true)
 	pend := e.alloc(2<<20, 0)
 	require.NoError(t, e.a.RecordStream(pend, e.side))
 	e.free(pend)
@@ -765,7 +683,7 @@ func TestPoolNoSyncWhileActive(t *testing.T) {
 	// The event of x has not completed: x stays out of reach.
 	z := e.allocIn(A, 1<<20, e.s)
 	require.NotEqual(t, x, z)
-	e.g.hold.Store(false)
+	e.g.Hold.Store(false)
 	require.Equal(t, x, e.allocIn(A, 1<<20, e.s), "once its event completed, x is reused in its pool")
 	require.Equal(t, pend, e.alloc(2<<20, 0))
 	e.free(x2, z)
@@ -925,7 +843,7 @@ func TestPoolCheckpointRestore(t *testing.T) {
 	c3 := e.allocIn(A, 1<<20, e.side)
 	// bs[2] is freed with a stream use: pending when the restore comes.
 	require.NoError(t, e.a.RecordStream(bs[2], e.side))
-	e.g.hold.Store(true)
+	e.g.Hold.Store(true)
 	e.free(bs[2])
 	require.Equal(t, core.BlockPending, blockState(t, e.a, bs[2]))
 
@@ -1229,7 +1147,7 @@ func TestPoolConcurrent(t *testing.T) {
 					}
 				}
 				size := sizes[r.IntN(len(sizes))]
-				if e.g.armed.Load() > 0 {
+				if e.g.Armed.Load() > 0 {
 					overlapped.Add(1)
 				}
 				p, err := e.a.Alloc(size, streams[r.IntN(2)])
@@ -1267,7 +1185,7 @@ func TestPoolConcurrent(t *testing.T) {
 					fail(err)
 					return
 				}
-				e.g.armed.Add(1)
+				e.g.Armed.Add(1)
 				var temps []vmm.DevicePtr
 				for j := range 6 {
 					size := sizes[r.IntN(len(sizes))]
@@ -1293,7 +1211,7 @@ func TestPoolConcurrent(t *testing.T) {
 						return
 					}
 				}
-				e.g.armed.Add(-1)
+				e.g.Armed.Add(-1)
 				if err := e.a.EndAllocateToPool(id); err != nil {
 					fail(err)
 					return

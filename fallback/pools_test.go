@@ -3,13 +3,10 @@ package fallback
 import (
 	"bytes"
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,80 +24,6 @@ import (
 // backing matters: segments instead of pages, MemFree (which synchronizes
 // the device on CUDA) instead of unmap, and the allocator's own release
 // threshold, which calls EmptyCache.
-
-// errCapture is the cause of the calls captureGuard fails.
-var errCapture = errors.New("a call illegal during stream capture")
-
-// captureGuard fails and records, while armed, every call that stream
-// capture forbids; while hold is set events report incomplete to
-// EventQuery.
-type captureGuard struct {
-	vmm.Driver
-	armed atomic.Int32
-	hold  atomic.Bool
-	mu    sync.Mutex
-	bad   []string
-}
-
-func (g *captureGuard) forbid(op string) error {
-	if g.armed.Load() == 0 {
-		return nil
-	}
-	g.mu.Lock()
-	g.bad = append(g.bad, op)
-	g.mu.Unlock()
-	return fmt.Errorf("%s while a pool is active: %w", op, errCapture)
-}
-
-func (g *captureGuard) EventQuery(e vmm.Event) (bool, error) {
-	if err := g.forbid("EventQuery"); err != nil {
-		return false, err
-	}
-	done, err := g.Driver.EventQuery(e)
-	return done && !g.hold.Load(), err
-}
-
-func (g *captureGuard) EventRecord(e vmm.Event, s vmm.Stream) error {
-	if err := g.forbid("EventRecord"); err != nil {
-		return err
-	}
-	return g.Driver.EventRecord(e, s)
-}
-
-func (g *captureGuard) EventSynchronize(e vmm.Event) error {
-	if err := g.forbid("EventSynchronize"); err != nil {
-		return err
-	}
-	return g.Driver.EventSynchronize(e)
-}
-
-func (g *captureGuard) StreamSynchronize(s vmm.Stream) error {
-	if err := g.forbid("StreamSynchronize"); err != nil {
-		return err
-	}
-	return g.Driver.StreamSynchronize(s)
-}
-
-func (g *captureGuard) DeviceSynchronize(dev vmm.Device) error {
-	if err := g.forbid("DeviceSynchronize"); err != nil {
-		return err
-	}
-	return g.Driver.DeviceSynchronize(dev)
-}
-
-func (g *captureGuard) Unmap(ptr vmm.DevicePtr, size uint64) error {
-	if err := g.forbid("Unmap"); err != nil {
-		return err
-	}
-	return g.Driver.Unmap(ptr, size)
-}
-
-func (g *captureGuard) MemFree(ptr vmm.DevicePtr) error {
-	if err := g.forbid("MemFree"); err != nil {
-		return err
-	}
-	return g.Driver.MemFree(ptr)
-}
 
 type logRecorder struct {
 	mu   sync.Mutex
@@ -126,7 +49,7 @@ func (l *logRecorder) contains(sub string) bool {
 type poolEnv struct {
 	t       *testing.T
 	host    *host.Driver
-	g       *captureGuard
+	g       *vmmtest.CaptureGuard
 	f       *vmmtest.Faulty
 	log     *logRecorder
 	a       *Allocator
@@ -136,7 +59,7 @@ type poolEnv struct {
 func newPoolEnv(t *testing.T, capacity uint64, cfg Config) *poolEnv {
 	t.Helper()
 	hd := hostDriver(t, capacity)
-	g := &captureGuard{Driver: hd}
+	g := &vmmtest.CaptureGuard{Driver: hd}
 	f := vmmtest.NewFaulty(g)
 	lg := &logRecorder{}
 	a, err := New(f, 0, cfg, slog.New(lg))
@@ -146,7 +69,7 @@ func newPoolEnv(t *testing.T, capacity uint64, cfg Config) *poolEnv {
 	side, err := hd.StreamCreate(0)
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		g.armed.Store(0)
+		g.Armed.Store(0)
 		require.NoError(t, a.Close())
 		require.NoError(t, hd.StreamDestroy(s))
 		require.NoError(t, hd.StreamDestroy(side))
@@ -163,12 +86,12 @@ func onStream(s vmm.Stream) func(vmm.Stream) bool {
 func (e *poolEnv) begin(id core.PoolID) {
 	e.t.Helper()
 	require.NoError(e.t, e.a.BeginAllocateToPool(id, onStream(e.s)))
-	e.g.armed.Add(1)
+	e.g.Armed.Add(1)
 }
 
 func (e *poolEnv) end(id core.PoolID) {
 	e.t.Helper()
-	e.g.armed.Add(-1)
+	e.g.Armed.Add(-1)
 	require.NoError(e.t, e.a.EndAllocateToPool(id))
 }
 
@@ -195,9 +118,7 @@ func (e *poolEnv) free(ps ...vmm.DevicePtr) {
 
 func (e *poolEnv) noViolations() {
 	e.t.Helper()
-	e.g.mu.Lock()
-	defer e.g.mu.Unlock()
-	require.Empty(e.t, e.g.bad, "calls illegal during stream capture were made while a pool was active")
+	require.Empty(e.t, e.g.Violations(), "calls illegal during stream capture were made while a pool was active")
 }
 
 func (e *poolEnv) segments(id core.PoolID) []core.Segment {
@@ -338,7 +259,7 @@ func TestPools(t *testing.T) {
 			live := e.allocIn(A, 3*mib, 0)
 			require.NoError(e.t, e.a.RecordStream(live, e.side))
 			require.NoError(e.t, e.a.ReleasePool(A))
-			e.g.hold.Store(true)
+			e.g.Hold.Store(true)
 			e.free(live)
 			require.Empty(e.t, e.segments(A), "the released pool went at its last free, after a device sync")
 			require.Zero(e.t, e.host.Usage().Allocs)
@@ -348,7 +269,7 @@ func TestPools(t *testing.T) {
 			e.free(e.allocIn(B, 3*mib, 0))
 			sh := e.alloc(1*mib, 0)
 			require.NoError(e.t, e.a.RecordStream(sh, e.side))
-			e.g.hold.Store(true)
+			e.g.Hold.Store(true)
 			e.begin(A)
 			x := e.alloc(3*mib, e.s)
 			require.NoError(e.t, e.a.RecordStream(x, e.side))
@@ -365,7 +286,7 @@ func TestPools(t *testing.T) {
 			e.end(A)
 			require.Empty(e.t, e.segments(B), "B goes once no pool is active")
 			require.NotEqual(e.t, x, e.allocIn(A, 3*mib, e.s), "its event has not completed")
-			e.g.hold.Store(false)
+			e.g.Hold.Store(false)
 			require.Equal(e.t, x, e.allocIn(A, 3*mib, e.s))
 		}},
 		{"OOMDuringCapture", func() Config {

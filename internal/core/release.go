@@ -105,28 +105,13 @@ func (h *Heap) trimLocked() {
 }
 
 // freeMappedLocked is the free bytes in mapped pages of the shared pools:
-// those the release threshold may unmap (private pools keep theirs).
+// those the release threshold may unmap (private pools keep theirs). The
+// free blocks of a state are its mapped bytes less its active ones.
 func (h *Heap) freeMappedLocked() int64 {
 	n := int64(h.mu.mapped[Small]+h.mu.mapped[Large]) - h.mu.stats.ActiveBytes.All.Current
 	for _, pp := range h.mu.pools {
 		for _, st := range pp.states {
-			for _, seg := range st.segs {
-				n -= int64(seg.mapped)
-			}
-			n += poolActive(st)
-		}
-	}
-	return n
-}
-
-// poolActive is the active (allocated or pending) bytes of private state st.
-func poolActive(st *state) int64 {
-	var n int64
-	for _, seg := range st.segs {
-		for b := seg.first; b != nil; b = b.next {
-			if b.state == stAllocated || b.state == stPending {
-				n += int64(b.size)
-			}
+			n -= int64(st.freeBytes)
 		}
 	}
 	return n
