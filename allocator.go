@@ -36,6 +36,9 @@ type Allocator interface {
 	Stats() Stats
 	// ResetPeakStats makes every peak the current value.
 	ResetPeakStats()
+	// ResetAccumulatedStats zeroes the statistics that only grow (totals
+	// allocated and freed, retries, OOMs, driver work).
+	ResetAccumulatedStats()
 	// Snapshot returns the segments, mapped ranges and blocks.
 	Snapshot() Snapshot
 	// Close frees everything the allocator holds. Blocks still allocated

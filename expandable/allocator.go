@@ -17,6 +17,10 @@ type Config = core.Config
 type Allocator struct {
 	// PoolSet gives the private pools (xseg.Pools): CUDA graph captures.
 	core.PoolSet
+	// Limiter gives the memory limit (xseg.MemoryLimiter), Recorder the
+	// allocation history (xseg.Historian).
+	core.Limiter
+	core.Recorder
 	heap  *core.Heap
 	d     vmm.Driver
 	dev   vmm.Device
@@ -52,7 +56,7 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 	if err != nil {
 		return nil, fmt.Errorf("expandable: %w", err)
 	}
-	return &Allocator{PoolSet: core.NewPoolSet(h), heap: h, d: d, dev: dev, pages: p}, nil
+	return &Allocator{PoolSet: core.NewPoolSet(h), Limiter: core.NewLimiter(h), Recorder: core.NewRecorder(h), heap: h, d: d, dev: dev, pages: p}, nil
 }
 
 // Device is the device the allocator hands out memory of.
@@ -100,6 +104,10 @@ func (a *Allocator) Stats() core.Stats { return a.heap.Stats() }
 
 // ResetPeakStats makes every peak the current value.
 func (a *Allocator) ResetPeakStats() { a.heap.ResetPeakStats() }
+
+// ResetAccumulatedStats zeroes the statistics that only grow: totals
+// allocated and freed, retries, OOMs, driver work.
+func (a *Allocator) ResetAccumulatedStats() { a.heap.ResetAccumulatedStats() }
 
 // Snapshot returns the segments, their mapped ranges and blocks.
 func (a *Allocator) Snapshot() core.Snapshot { return a.heap.Snapshot() }

@@ -14,7 +14,7 @@ import (
 
 // benchDriver is the backend of the *Driver benchmarks: CUDA when
 // XSEG_BENCH_BACKEND=cuda (the GPU machine), else the host backend.
-func benchDriver(b *testing.B) vmm.Driver {
+func benchDriver(b testing.TB) vmm.Driver {
 	if os.Getenv("XSEG_BENCH_BACKEND") != "cuda" {
 		return hostDriver(b, 0)
 	}

@@ -20,6 +20,10 @@ type Config = core.Config
 type Allocator struct {
 	// PoolSet gives the private pools (xseg.Pools): CUDA graph captures.
 	core.PoolSet
+	// Limiter gives the memory limit (xseg.MemoryLimiter), Recorder the
+	// allocation history (xseg.Historian).
+	core.Limiter
+	core.Recorder
 	heap *core.Heap
 	d    vmm.Driver
 	dev  vmm.Device
@@ -63,8 +67,15 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Allocator{PoolSet: core.NewPoolSet(h), heap: h, d: d, dev: dev, cfg: cfg, log: log}, nil
+	return &Allocator{PoolSet: core.NewPoolSet(h), Limiter: core.NewLimiter(h), Recorder: core.NewRecorder(h), heap: h, d: d, dev: dev, cfg: cfg, log: log}, nil
 }
+
+// SegmentBytes is the size of the segment NewSegment makes for a request
+// of size bytes of pool p: the core checks the memory limit with it before
+// the driver allocates (core.SegmentSizer).
+func (s *segments) SegmentBytes(p core.Pool, size uint64) uint64 { return segmentSize(s.cfg, p, size) }
+
+var _ core.SegmentSizer = (*segments)(nil)
 
 // Device is the device the allocator hands out memory of.
 func (a *Allocator) Device() vmm.Device { return a.dev }
@@ -149,6 +160,10 @@ func (a *Allocator) Stats() core.Stats { return a.heap.Stats() }
 
 // ResetPeakStats makes every peak the current value.
 func (a *Allocator) ResetPeakStats() { a.heap.ResetPeakStats() }
+
+// ResetAccumulatedStats zeroes the statistics that only grow: totals
+// allocated and freed, retries, OOMs, driver work.
+func (a *Allocator) ResetAccumulatedStats() { a.heap.ResetAccumulatedStats() }
 
 // Snapshot returns the segments and their blocks; each segment is one
 // page, mapped as a whole.

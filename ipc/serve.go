@@ -47,6 +47,7 @@ func (e *Exporter) serve(c *net.UnixConn) (*Share, error) {
 	if err := s.send(c, e.opts.batch, flags&flagLeaseOnly != 0); err != nil {
 		return nil, fmt.Errorf("passing fds to pid %d: %w", cred.Pid, err)
 	}
+	s.closeIfServed()
 	return s, nil
 }
 
@@ -105,5 +106,6 @@ func (s *Share) send(c *net.UnixConn, batch int, leaseOnly bool) error {
 		}
 	}
 	s.leases.Add(1) // under the read lock: Close cannot miss it
+	s.served.Add(1)
 	return nil
 }

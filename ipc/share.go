@@ -37,6 +37,10 @@ type Share struct {
 	e      *Exporter
 	desc   handles.Descriptor
 	leases atomic.Int32 // grows under mu's read lock, shrinks under its lock
+	// served counts the leases ever granted; limit (0: none) is how many
+	// make the share close itself, then calling done (see CloseAfter).
+	served, limit atomic.Int32
+	done          atomic.Pointer[func()]
 
 	mu struct {
 		sync.RWMutex
@@ -118,6 +122,40 @@ func (s *Share) Descriptor() *handles.Descriptor {
 // MarshalBinary returns the descriptor in its wire form, the bytes the
 // caller hands to importers any way it likes.
 func (s *Share) MarshalBinary() ([]byte, error) { return s.desc.MarshalBinary() }
+
+// CloseAfter makes the share close itself once n importers (n > 0) have
+// taken a lease in all, counting those before the call, and then call
+// done (if not nil): a share meant for a known number of importers (one
+// per message, as torch.multiprocessing sends) ends without the exporter
+// having to learn when they came. Each importer keeps the pages until it
+// lets go. Only importers that take a lease count: with an exporter
+// without a socket (ExporterOptions.NoSocket) none do and the share stays
+// until Close.
+func (s *Share) CloseAfter(n int, done func()) error {
+	if n <= 0 || n > 1<<30 {
+		return fmt.Errorf("closing after %d importers: %w", n, vmm.ErrInvalid)
+	}
+	if done != nil {
+		s.done.Store(&done)
+	}
+	s.limit.Store(int32(n))
+	s.closeIfServed()
+	return nil
+}
+
+// closeIfServed closes the share once its limit of importers is reached.
+func (s *Share) closeIfServed() {
+	lim := s.limit.Load()
+	if lim == 0 || s.served.Load() < lim || !s.limit.CompareAndSwap(lim, 0) {
+		return
+	}
+	if err := s.Close(); err != nil {
+		s.e.report(fmt.Errorf("closing a share after its %d importers: %w", lim, err))
+	}
+	if done := s.done.Swap(nil); done != nil {
+		(*done)()
+	}
+}
 
 // Leases is the number of importers holding a lease on the share now.
 func (s *Share) Leases() int { return int(s.leases.Load()) }

@@ -61,17 +61,17 @@ func xsegGoMalloc(size C.ssize_t, device C.int, stream C.uintptr_t) (ptr C.uintp
 }
 
 // xsegGoMallocOrError is xsegGoMalloc that also hands this call's error
-// text to the caller, in *errText (C memory the caller frees), so that
-// xseg_malloc_or_throw can throw it without racing other threads' failures.
+// to the caller (see mallocError), so that xseg_malloc_or_throw can throw
+// it without racing other threads' failures.
 //
 //export xsegGoMallocOrError
-func xsegGoMallocOrError(size C.ssize_t, device C.int, stream C.uintptr_t, errText **C.char) (ptr C.uintptr_t) {
+func xsegGoMallocOrError(size C.ssize_t, device C.int, stream C.uintptr_t, errText **C.char, oom *C.int) (ptr C.uintptr_t) {
 	defer catch("xseg_malloc")
 	p, err := lib.malloc(int64(size), int(device), vmm.Stream(stream))
 	if err != nil {
 		err = fmt.Errorf("%d bytes on device %d: %w", int64(size), int(device), err)
 		fail("xseg_malloc", err)
-		*errText = C.CString("xseg_malloc: " + err.Error())
+		mallocError(int64(size), int(device), err, errText, oom)
 		return 0
 	}
 	return C.uintptr_t(p)
@@ -134,6 +134,13 @@ func xsegGoResetPeakStats(device C.int) (rc C.int) {
 	rc = -1
 	defer catch("xseg_reset_peak_stats")
 	return status("xseg_reset_peak_stats", lib.resetPeakStats(int(device)))
+}
+
+//export xsegGoResetAccumulatedStats
+func xsegGoResetAccumulatedStats(device C.int) (rc C.int) {
+	rc = -1
+	defer catch("xseg_reset_accumulated_stats")
+	return status("xseg_reset_accumulated_stats", lib.resetAccumulatedStats(int(device)))
 }
 
 //export xsegGoConfigure

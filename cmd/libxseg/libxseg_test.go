@@ -57,6 +57,13 @@ func TestCAPI(t *testing.T) {
 		require.Contains(t, lines[0], "not supported")
 		require.Equal(t, lines[0], lines[1])
 	})
+	t.Run("Limits", func(t *testing.T) {
+		// The memory-limit and history exports from C, bad input included.
+		prog := filepath.Join(dir, "limits")
+		run(t, time.Minute, nil, cc, "-O2", "-Wall", "-I.", "-o", prog, "testdata/limits.c", "-ldl", "-lm")
+		out := run(t, time.Minute, host, prog, lib)
+		require.Contains(t, out, "ok\n", out)
+	})
 	t.Run("Throw", func(t *testing.T) {
 		cxx, err := exec.LookPath("c++")
 		if err != nil {
@@ -82,7 +89,10 @@ func TestCAPI(t *testing.T) {
 		if err != nil {
 			t.Skipf("no python3: %v", err)
 		}
-		out := run(t, time.Minute, host, py, "testdata/check.py", lib)
+		// check.py imports the package of this tree (python/xseg) and
+		// loads lib through it; python/tests is the real suite.
+		env := append([]string{"PYTHONDONTWRITEBYTECODE=1", "XSEG_LIB="}, host...)
+		out := run(t, time.Minute, env, py, "testdata/check.py", lib)
 		require.Equal(t, "ok", strings.TrimSpace(out))
 	})
 }

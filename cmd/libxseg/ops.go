@@ -99,6 +99,12 @@ func (l *library) resetPeakStats(dev int) error {
 	return l.each(dev, func(a xseg.Allocator) error { a.ResetPeakStats(); return nil })
 }
 
+// resetAccumulatedStats zeroes the accumulated statistics of dev (-1:
+// every device).
+func (l *library) resetAccumulatedStats(dev int) error {
+	return l.each(dev, func(a xseg.Allocator) error { a.ResetAccumulatedStats(); return nil })
+}
+
 // known is existing, but once the driver is open a device it does not
 // have is an error too.
 func (l *library) known(dev int) (xseg.Allocator, error) {

@@ -55,19 +55,17 @@ func wrapPool(what string, id xseg.PoolID, device C.int, err error) error {
 }
 
 // xsegGoMallocInPool is xsegGoMallocOrError from private pool (first,
-// second); errText may be NULL.
+// second); errText and oom may be NULL.
 //
 //export xsegGoMallocInPool
-func xsegGoMallocInPool(size C.ssize_t, device C.int, stream C.uintptr_t, first, second C.ulonglong, errText **C.char) (ptr C.uintptr_t) {
+func xsegGoMallocInPool(size C.ssize_t, device C.int, stream C.uintptr_t, first, second C.ulonglong, errText **C.char, oom *C.int) (ptr C.uintptr_t) {
 	defer catch("xseg_malloc")
 	id := poolID(first, second)
 	p, err := lib.mallocInPool(int64(size), int(device), vmm.Stream(stream), id)
 	if err != nil {
 		err = fmt.Errorf("%d bytes on device %d in pool %v: %w", int64(size), int(device), id, err)
 		fail("xseg_malloc", err)
-		if errText != nil {
-			*errText = C.CString("xseg_malloc: " + err.Error())
-		}
+		mallocError(int64(size), int(device), err, errText, oom)
 		return 0
 	}
 	return C.uintptr_t(p)

@@ -10,6 +10,7 @@ import "C"
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -37,7 +38,10 @@ var shared sharing
 // share shares the live block at ptr of device's allocator and returns its
 // descriptor. The allocator must be shareable (shareable:true in
 // XSEG_CONF or xseg_configure).
-func (s *sharing) share(ptr vmm.DevicePtr, device int) ([]byte, error) {
+func (s *sharing) share(ptr vmm.DevicePtr, device, importers int) ([]byte, error) {
+	if importers < 0 || importers > 1<<20 {
+		return nil, fmt.Errorf("%d importers: %w", importers, vmm.ErrInvalid)
+	}
 	a, err := lib.existing(device)
 	if err != nil {
 		return nil, err
@@ -66,8 +70,27 @@ func (s *sharing) share(ptr vmm.DevicePtr, device int) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (closing the share: %v)", err, sh.Close())
 	}
-	s.mu.shares[hex.EncodeToString(b)] = sh
+	key := hex.EncodeToString(b)
+	s.mu.shares[key] = sh
+	if importers > 0 {
+		// Ends by itself; forget it then (in a goroutine: the importer's
+		// lease may be granted while this lock is held).
+		err = sh.CloseAfter(importers, func() { go s.forget(key, sh) })
+		if err != nil {
+			delete(s.mu.shares, key)
+			return nil, errors.Join(err, sh.Close())
+		}
+	}
 	return b, nil
+}
+
+// forget drops the share under key if it is still sh.
+func (s *sharing) forget(key string, sh *ipc.Share) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.shares[key] == sh {
+		delete(s.mu.shares, key)
+	}
 }
 
 // unshare closes the share that desc names: no new importer is served;
@@ -123,10 +146,10 @@ func cBytes(p unsafe.Pointer, n C.size_t) []byte {
 }
 
 //export xsegGoShare
-func xsegGoShare(ptr C.uintptr_t, device C.int, out unsafe.Pointer, capacity C.size_t) (n C.ssize_t) {
+func xsegGoShare(ptr C.uintptr_t, device, importers C.int, out unsafe.Pointer, capacity C.size_t) (n C.ssize_t) {
 	n = -1
 	defer catch("xseg_share")
-	b, err := shared.share(vmm.DevicePtr(ptr), int(device))
+	b, err := shared.share(vmm.DevicePtr(ptr), int(device), int(importers))
 	if err != nil {
 		fail("xseg_share", fmt.Errorf("%#x on device %d: %w", uintptr(ptr), int(device), err))
 		return -1

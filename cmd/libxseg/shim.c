@@ -13,14 +13,28 @@ void* xseg_malloc(ssize_t size, int device, void* stream) {
 	case 0:
 		return (void*)xsegGoMalloc(size, device, (uintptr_t)stream);
 	case 1:
-		return (void*)xsegGoMallocInPool(size, device, (uintptr_t)stream, first, second, NULL);
+		return (void*)xsegGoMallocInPool(size, device, (uintptr_t)stream, first, second, NULL, NULL);
 	default:
 		return NULL;
 	}
 }
 
 void* xseg_malloc_in_pool(ssize_t size, int device, void* stream, unsigned long long first, unsigned long long second) {
-	return (void*)xsegGoMallocInPool(size, device, (uintptr_t)stream, first, second, NULL);
+	return (void*)xsegGoMallocInPool(size, device, (uintptr_t)stream, first, second, NULL, NULL);
+}
+
+void* xseg_malloc_at_most(size_t max, size_t min, int device, void* stream, size_t* size) {
+	return (void*)xsegGoMallocAtMost(max, min, device, (uintptr_t)stream, size);
+}
+
+int xseg_free_block(void* ptr, int device) { return xsegGoFreeBlock((uintptr_t)ptr, device); }
+
+int xseg_pool_retain(int device, unsigned long long first, unsigned long long second) {
+	return xsegGoPoolRetain(device, first, second);
+}
+
+int xseg_pool_release(int device, unsigned long long first, unsigned long long second) {
+	return xsegGoReleasePool(device, first, second);
 }
 
 char* xseg_pool_json(int device, unsigned long long first, unsigned long long second, int checkpoint) {
@@ -49,12 +63,18 @@ int xseg_empty_cache(int device) { return xsegGoEmptyCache(device); }
 
 int xseg_reset_peak_stats(int device) { return xsegGoResetPeakStats(device); }
 
+int xseg_reset_accumulated_stats(int device) { return xsegGoResetAccumulatedStats(device); }
+
 int xseg_configure(const char* conf) { return xsegGoConfigure((char*)conf); }
 
 int xseg_set_log_level(const char* level) { return xsegGoSetLogLevel((char*)level); }
 
 ssize_t xseg_share(void* ptr, int device, void* out, size_t cap) {
-	return xsegGoShare((uintptr_t)ptr, device, out, cap);
+	return xsegGoShare((uintptr_t)ptr, device, 0, out, cap);
+}
+
+ssize_t xseg_share_for(void* ptr, int device, int importers, void* out, size_t cap) {
+	return xsegGoShare((uintptr_t)ptr, device, importers, out, cap);
 }
 
 int xseg_unshare(const void* desc, size_t len) { return xsegGoUnshare((void*)desc, len); }

@@ -40,6 +40,16 @@ extern "C" {
 void xseg_begin_allocate_to_pool(int device, xseg_pool_id id, xseg_stream_filter filter);
 void xseg_end_allocate_to_pool(int device, xseg_pool_id id);
 void xseg_release_pool(int device, xseg_pool_id id);
+
+/* More of PyTorch's hooks (set_reset_fn, set_record_stream_fn,
+ * set_memory_fraction_fn), each throwing std::runtime_error with the reason
+ * on failure. xseg_empty_cache_hook is xseg_empty_cache(-1) (what
+ * torch.cuda.empty_cache reaches); xseg_record_stream_hook is
+ * xseg_record_stream, quiet for memory that is not xseg's;
+ * xseg_memory_fraction_hook is xseg_set_memory_fraction. C++ callers only. */
+void xseg_empty_cache_hook(void);
+void xseg_record_stream_hook(void* ptr, cudaStream_t stream);
+void xseg_memory_fraction_hook(double fraction, int device);
 }
 #endif
 
@@ -54,12 +64,22 @@ void* xseg_malloc(ssize_t size, int device, void* stream);
 
 #ifdef __cplusplus
 /* xseg_malloc_or_throw is xseg_malloc for C++ callers: where xseg_malloc
- * returns NULL for a size other than 0 it throws std::runtime_error with
- * the reason instead. python/xseg_torch.py installs it, because PyTorch
- * turns the exception into a Python RuntimeError but does not check a NULL
- * from a pluggable allocator. Never call it from C. */
+ * returns NULL for a size other than 0 it throws instead. Out of memory is
+ * thrown as an exception PyTorch takes for its own c10::OutOfMemoryError
+ * (torch.OutOfMemoryError in Python, message starting "CUDA out of
+ * memory."), anything else as std::runtime_error with the reason. python/xseg
+ * installs it, because PyTorch turns these exceptions into Python ones but
+ * does not check a NULL from a pluggable allocator. Never call it from C. */
 void* xseg_malloc_or_throw(ssize_t size, int device, void* stream);
 #endif
+
+/* xseg_malloc_at_most returns the largest block it can get of at most max
+ * and at least min bytes on device for stream, shrinking the request by the
+ * configured oom_size_factor (OOM_SIZE_FACTOR) after each out-of-memory;
+ * only the attempt at min runs the whole OOM policy. *size (if not NULL)
+ * receives the block's size. NULL on failure (0 < min <= max needed). It
+ * does not route to an active private pool. */
+void* xseg_malloc_at_most(size_t max, size_t min, int device, void* stream, size_t* size);
 
 /* xseg_free gives back a block of device. size and stream are ignored: the
  * block's own stream and every stream recorded with xseg_record_stream
@@ -72,6 +92,10 @@ void xseg_free(void* ptr, ssize_t size, int device, void* stream);
  * has finished. Returns 0 when recorded, 1 when ptr is not a block of xseg
  * (nothing done), -1 on failure. */
 int xseg_record_stream(void* ptr, void* stream);
+
+/* xseg_free_block is xseg_free that reports: 0, or -1 (with the reason in
+ * xseg_last_error) for a pointer that is not a live block of device. */
+int xseg_free_block(void* ptr, int device);
 
 /* xseg_stats_json and xseg_snapshot_json return device's statistics
  * (PyTorch's names) and snapshot as JSON, in a string the caller frees with
@@ -86,6 +110,11 @@ void xseg_string_free(char* s);
  * value. Both return 0, or -1 on failure. */
 int xseg_empty_cache(int device);
 int xseg_reset_peak_stats(int device);
+
+/* xseg_reset_accumulated_stats zeroes the counts that only grow (blocks
+ * and bytes allocated and freed so far, retries, OOMs) of device (-1: all
+ * devices), as torch.cuda.reset_accumulated_memory_stats; 0 or -1. */
+int xseg_reset_accumulated_stats(int device);
 
 /* xseg_configure sets the configuration (XSEG_CONF syntax) applied over
  * XSEG_CONF at first use. Only before the first xseg_malloc; a later call
@@ -106,6 +135,12 @@ int xseg_set_log_level(const char* level);
  * returns its length, or -1 (also when cap is too small: nothing is then
  * shared). xseg_unshare stops serving new importers of desc; 0 or -1. */
 ssize_t xseg_share(void* ptr, int device, void* out, size_t cap);
+
+/* xseg_share_for is xseg_share for a known number of importers (> 0): the
+ * share ends by itself once that many have opened it, each keeping the
+ * pages until it closes, as torch.multiprocessing needs (one share per
+ * tensor sent). importers 0 is xseg_share. */
+ssize_t xseg_share_for(void* ptr, int device, int importers, void* out, size_t cap);
 int xseg_unshare(const void* desc, size_t len);
 
 /* xseg_open maps the block a descriptor names (from xseg_share of any
@@ -131,6 +166,49 @@ int xseg_pool_route(int device, void* stream, unsigned long long* first, unsigne
 void* xseg_malloc_in_pool(ssize_t size, int device, void* stream, unsigned long long first, unsigned long long second);
 char* xseg_pool_json(int device, unsigned long long first, unsigned long long second, int checkpoint);
 char* xseg_pool_restore(int device, const char* checkpoint, size_t len);
+
+/* xseg_pool_retain makes pool (first, second) on device if need be and
+ * holds one more use of it (torch.cuda.MemPool); xseg_pool_release drops
+ * one, the last giving the pool's memory back. 0 or -1. */
+int xseg_pool_retain(int device, unsigned long long first, unsigned long long second);
+int xseg_pool_release(int device, unsigned long long first, unsigned long long second);
+
+/* --- memory limit and history --- */
+
+/* The memory limit: PyTorch's per-process memory fraction. The bytes xseg
+ * reserves on a device (mapped pages and its page cache: reserved_bytes)
+ * may not grow past it; an allocation that would need that fails as out of
+ * memory, naming the limit, once emptying the cache did not help (no
+ * retries with delays). A limit below what is reserved stops only growth.
+ * xseg_set_memory_fraction is PyTorch's memory_fraction_fn
+ * (CUDAPluggableAllocator): fraction of the device's total memory, in
+ * [0, 1] (0 allows no growth at all, 1 the whole device); it makes the
+ * device's allocator if need be. Being void it reports a bad fraction or
+ * device only in xseg_last_error, and then changes nothing: check with
+ * xseg_memory_fraction, which writes the limit as a fraction to *out (the
+ * fraction set, if set as one; 0 when there is no limit) and returns 0, or
+ * -1 (bad device, out NULL). xseg_set_memory_limit sets the limit in bytes
+ * (0: none); 0 or -1. The limit in bytes is "memory_limit_bytes" in
+ * xseg_stats_json. */
+void xseg_set_memory_fraction(double fraction, int device);
+int xseg_memory_fraction(int device, double* out);
+int xseg_set_memory_limit(int device, unsigned long long bytes);
+
+/* The allocation history, for PyTorch's memory_viz
+ * (torch.cuda.memory._record_memory_history): xseg_record_history keeps
+ * the last max_entries events of device (at most 1 << 24; 0 stops and
+ * drops them), making the device's allocator if need be; 0 or -1.
+ * xseg_history_json returns them, oldest first, as a JSON array of
+ * {"action", "addr", "size", "stream", "time_us", "device_free"} objects
+ * (and "segment_pool_id" for a private pool's), to free with
+ * xseg_string_free; NULL on failure. Actions, with PyTorch's names:
+ * "alloc", "free_requested", "free_completed" (the block became reusable:
+ * its other streams' work done), "segment_map" and "segment_unmap" (pages
+ * mapped into or unmapped from a segment), "segment_alloc" and
+ * "segment_free" (the fallback allocator's whole segments), "oom" (addr 0,
+ * size the request, device_free the device's free memory). */
+int xseg_record_history(int device, size_t max_entries);
+char* xseg_history_json(int device);
 
 /* xseg_version returns XSEG_VERSION. */
 const char* xseg_version(void);

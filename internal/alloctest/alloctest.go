@@ -198,6 +198,25 @@ func testStats(f *fixture) {
 	require.Equal(f.t, peak, st.AllocatedBytes.All.Peak)
 	f.a.ResetPeakStats()
 	require.Zero(f.t, f.a.Stats().AllocatedBytes.All.Peak)
+
+	// Accumulated totals go to zero; current values and peaks stay.
+	keep, err := f.a.Alloc(3<<20, 0)
+	require.NoError(f.t, err)
+	before := f.a.Stats()
+	require.Positive(f.t, before.Allocations.All.Allocated)
+	require.Positive(f.t, before.AllocatedBytes.All.Freed)
+	f.a.ResetAccumulatedStats()
+	after := f.a.Stats()
+	require.Zero(f.t, after.Allocations.All.Allocated)
+	require.Zero(f.t, after.AllocatedBytes.All.Freed)
+	require.Zero(f.t, after.ReservedBytes.Large.Allocated)
+	require.Zero(f.t, after.Maps+after.PagesCreated+after.NumAllocRetries+after.NumOOMs)
+	require.Equal(f.t, before.AllocatedBytes.All.Current, after.AllocatedBytes.All.Current)
+	require.Equal(f.t, before.AllocatedBytes.All.Peak, after.AllocatedBytes.All.Peak)
+	require.Equal(f.t, before.ReservedBytes.All.Current, after.ReservedBytes.All.Current)
+	require.Equal(f.t, before.ReservedBytes.Large.Peak, after.ReservedBytes.Large.Peak)
+	require.NoError(f.t, f.a.Free(keep))
+	require.EqualValues(f.t, 1, f.a.Stats().Allocations.All.Freed, "counting goes on from zero")
 }
 
 func testEmptyCache(f *fixture) {

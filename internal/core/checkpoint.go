@@ -141,6 +141,9 @@ func (h *Heap) verifyIfOn() error {
 // freeAllocatedLocked frees allocated block b without stream events: the
 // caller has said the memory is dead.
 func (h *Heap) freeAllocatedLocked(b *block) {
+	if h.mu.hist != nil {
+		h.noteLocked(ActionFreeRequested, b.ptr, b.size, b.seg)
+	}
 	h.unallocateLocked(b)
 	b.uses = b.uses[:0]
 	if !h.keepPinnedLocked(b) {

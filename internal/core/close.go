@@ -54,6 +54,9 @@ func (h *Heap) closeSegmentLocked(seg *Seg) error {
 	mappedRuns(seg, func(ptr vmm.DevicePtr, size uint64) {
 		n, err := h.back.Unmap(seg, ptr, size, &h.mu.stats)
 		h.addMappedLocked(seg, -int64(n))
+		if h.mu.hist != nil && n > 0 {
+			h.noteUnmapLocked(seg, ptr, n)
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("unmapping %d bytes at %v: %w", size, ptr, err))
 		}

@@ -115,11 +115,19 @@ func findHole(st *state, rs uint64) *block {
 func (h *Heap) mapIntoLocked(hole *block, rs uint64) (*block, error) {
 	seg := hole.seg
 	_, size := h.growSpan(hole, rs)
+	// Cached pages are reserved already: only new ones count against the
+	// memory limit.
+	if err := h.limitLocked(size - min(size, h.back.CachedBytes(seg.Pool))); err != nil {
+		return nil, fmt.Errorf("mapping %d bytes at %v: %w", size, hole.ptr, err)
+	}
 	if err := h.back.Map(seg, hole.ptr, size, &h.mu.stats); err != nil {
 		h.syncReservedLocked() // the pages it took went back to the cache
 		return nil, fmt.Errorf("mapping %d bytes at %v: %w", size, hole.ptr, err)
 	}
 	h.addMappedLocked(seg, int64(size))
+	if h.mu.hist != nil {
+		h.noteMapLocked(seg, hole.ptr, size)
+	}
 	if size < hole.size {
 		h.splitAt(hole, size)
 		seg.holes[holeIndex(seg, hole)] = hole.next
@@ -173,6 +181,11 @@ func (h *Heap) syncReservedLocked() {
 // least rs bytes.
 func (h *Heap) newSegmentLocked(st *state, rs uint64) (*Seg, error) {
 	seg := &Seg{Stream: st.key.stream, Pool: st.key.pool, st: st}
+	if sz, ok := h.back.(SegmentSizer); ok {
+		if err := h.limitLocked(sz.SegmentBytes(st.key.pool, rs)); err != nil {
+			return nil, fmt.Errorf("making a %s segment for %d bytes on stream %#x: %w", st.key.pool, rs, uintptr(st.key.stream), err)
+		}
+	}
 	if err := h.back.NewSegment(seg, rs, &h.mu.stats); err != nil {
 		return nil, fmt.Errorf("making a %s segment for %d bytes on stream %#x: %w", st.key.pool, rs, uintptr(st.key.stream), err)
 	}
@@ -184,6 +197,9 @@ func (h *Heap) newSegmentLocked(st *state, rs uint64) (*Seg, error) {
 		h.mu.blocks[b.ptr] = b
 		st.insertFree(b)
 		h.addMappedLocked(seg, int64(seg.Size))
+		if h.mu.hist != nil {
+			h.noteMapLocked(seg, seg.Base, seg.Size)
+		}
 	} else {
 		b.state = stUnmapped
 		seg.holes = append(seg.holes, b)

@@ -46,6 +46,8 @@ type Heap struct {
 		pools    map[PoolID]*privatePool
 		routes   []route
 		deferred []*block
+		memLimit memLimit // the cap on reserved bytes (limit.go)
+		hist     *history // the allocation history, nil while off (history.go)
 	}
 }
 
@@ -131,7 +133,7 @@ func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.De
 		return 0, fmt.Errorf("allocating %d bytes: %w", size, vmm.ErrClosed)
 	}
 	if size > h.limit || rs < size {
-		return 0, h.tooLargeLocked(size, final)
+		return 0, h.tooLargeLocked(size, s, final)
 	}
 	var st *state
 	if len(h.mu.routes) > 0 || !id.IsZero() {
@@ -185,6 +187,9 @@ func (h *Heap) handOutLocked(b *block, rs, req uint64) *block {
 	st.ActiveBytes.up(p, int64(b.size))
 	st.Allocations.up(p, 1)
 	st.ActiveBlocks.up(p, 1)
+	if h.mu.hist != nil {
+		h.noteLocked(ActionAlloc, b.ptr, b.size, b.seg)
+	}
 	return b
 }
 
@@ -206,6 +211,9 @@ func (h *Heap) Free(ptr vmm.DevicePtr) error {
 		} else if err := h.parkLocked(b); err != nil {
 			return err
 		}
+	}
+	if h.mu.hist != nil {
+		h.noteLocked(ActionFreeRequested, b.ptr, b.size, b.seg)
 	}
 	h.unallocateLocked(b)
 	pk := b.seg.st.key.private // b may be merged away and recycled below
@@ -263,6 +271,9 @@ func (h *Heap) badFreeLocked(ptr vmm.DevicePtr, b *block) error {
 
 // deactivateLocked makes an allocated or pending block free.
 func (h *Heap) deactivateLocked(b *block) {
+	if h.mu.hist != nil {
+		h.noteLocked(ActionFreeCompleted, b.ptr, b.size, b.seg)
+	}
 	p := b.seg.Pool
 	h.mu.stats.ActiveBytes.down(p, int64(b.size))
 	h.mu.stats.ActiveBlocks.down(p, 1)
@@ -307,6 +318,14 @@ func (h *Heap) Stats() Stats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.mu.stats
+}
+
+// ResetAccumulatedStats zeroes the statistics that only grow (see
+// Stats.ResetAccumulated).
+func (h *Heap) ResetAccumulatedStats() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.mu.stats.ResetAccumulated()
 }
 
 // ResetPeakStats makes every peak the current value.

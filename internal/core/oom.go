@@ -19,7 +19,8 @@ import (
 //     page of every segment, release the page cache, retry;
 //  4. (final attempts only) wait up to OOMWait for frees by other
 //     goroutines, then retry OOMMaxRetries times with exponential backoff
-//     from OOMDelay;
+//     from OOMDelay; not when the memory limit (limit.go) stops the
+//     growth, which neither cures;
 //  5. fail with an error matching vmm.ErrOutOfMemory.
 //
 // It releases the lock while it waits or sleeps.
@@ -42,10 +43,10 @@ func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, e
 	}
 	retries := 1
 	b, err = h.findLocked(st, rs)
-	if final && errors.Is(err, vmm.ErrOutOfMemory) && h.cfg.OOMWait > 0 {
+	if final && retryable(err) && h.cfg.OOMWait > 0 {
 		b, err = h.waitForFreesLocked(st, rs, req)
 	}
-	for i := 0; final && errors.Is(err, vmm.ErrOutOfMemory) && i < h.cfg.OOMMaxRetries; i++ {
+	for i := 0; final && retryable(err) && i < h.cfg.OOMMaxRetries; i++ {
 		delay := h.cfg.OOMDelay << i
 		h.mu.stats.NumAllocRetries++
 		retries++
@@ -105,7 +106,7 @@ func (h *Heap) waitForFreesLocked(st *state, rs, req uint64) (*block, error) {
 		}
 		h.pollLocked()
 		b, err := h.findLocked(st, rs)
-		if err == nil || timedOut || !errors.Is(err, vmm.ErrOutOfMemory) {
+		if err == nil || timedOut || !retryable(err) {
 			return b, err
 		}
 	}
@@ -127,6 +128,9 @@ func (h *Heap) oomLocked(s vmm.Stream, req uint64, retries int, final bool, caus
 	if merr != nil {
 		dev = fmt.Sprintf("free memory of device %d unknown (%v)", h.dev, merr)
 	}
+	if h.mu.hist != nil {
+		h.noteOOMLocked(req, s, free)
+	}
 	st := h.mu.stats
 	err := fmt.Errorf("allocating %d bytes on stream %#x: out of memory after %d retries: %s; this allocator reserves %d bytes and has %d allocated: %w",
 		req, uintptr(s), retries, dev, st.ReservedBytes.All.Current, st.AllocatedBytes.All.Current, cause)
@@ -139,9 +143,13 @@ func (h *Heap) oomLocked(s vmm.Stream, req uint64, retries int, final bool, caus
 }
 
 // tooLargeLocked fails a request no device memory could ever hold.
-func (h *Heap) tooLargeLocked(size uint64, final bool) error {
+func (h *Heap) tooLargeLocked(size uint64, s vmm.Stream, final bool) error {
 	if final {
 		h.mu.stats.NumOOMs++
+		if h.mu.hist != nil {
+			free, _, _ := h.drv.MemInfo(h.dev)
+			h.noteOOMLocked(size, s, free)
+		}
 	}
 	return fmt.Errorf("allocating %d bytes: more than the device's %d bytes, 0 retries: %w", size, h.limit, vmm.ErrOutOfMemory)
 }

@@ -187,6 +187,9 @@ func (h *Heap) unmapSpanLocked(b *block, lo, hi vmm.DevicePtr) (uint64, *block, 
 		h.syncReservedLocked()
 	} else {
 		h.addMappedLocked(seg, -int64(n))
+		if h.mu.hist != nil {
+			h.noteUnmapLocked(seg, lo, n)
+		}
 		if lo > b.ptr {
 			m := h.splitAt(b, uint64(lo-b.ptr))
 			seg.st.insertFree(b)

@@ -128,6 +128,23 @@ type Stats struct {
 	// driver and taken from the released-page cache.
 	PagesCreated int64 `json:"num_pages_created"`
 	PagesReused  int64 `json:"num_pages_reused"`
+	// MemoryLimit is the cap on ReservedBytes (SetMemoryLimit,
+	// SetMemoryFraction), 0 when there is none: a setting, not a count.
+	MemoryLimit uint64 `json:"memory_limit_bytes"`
+}
+
+// ResetAccumulated zeroes what only grows, as PyTorch's
+// reset_accumulated_memory_stats: every counter's Allocated and Freed
+// totals, the retry and OOM counts and the counts of driver work. Current
+// and peak values stay.
+func (s *Stats) ResetAccumulated() {
+	for _, p := range []*PoolStat{&s.AllocatedBytes, &s.ReservedBytes, &s.ActiveBytes, &s.RequestedBytes, &s.Allocations, &s.ActiveBlocks, &s.Segments} {
+		for _, st := range []*Stat{&p.All, &p.Small, &p.Large} {
+			st.Allocated, st.Freed = 0, 0
+		}
+	}
+	s.NumAllocRetries, s.NumOOMs = 0, 0
+	s.Maps, s.Unmaps, s.SetAccessCalls, s.Syncs, s.PagesCreated, s.PagesReused = 0, 0, 0, 0, 0, 0
 }
 
 // ResetPeaks makes every peak the current value.

@@ -18,7 +18,7 @@ import sys
 
 which, mode = sys.argv[1], sys.argv[2]
 if which == "xseg":
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import xseg_torch
     xseg_torch.install()
 import torch

@@ -28,7 +28,7 @@ args = ap.parse_args()
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch  # noqa: E402
 if args.mode == "xseg":
     import xseg_torch  # noqa: E402

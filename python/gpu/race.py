@@ -25,7 +25,7 @@ ap.add_argument("--cycles", type=int, default=50_000_000)
 ap.add_argument("--lib", default=None)
 args = ap.parse_args()
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch  # noqa: E402
 if args.allocator == "xseg":
     import xseg_torch  # noqa: E402

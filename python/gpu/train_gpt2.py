@@ -25,7 +25,7 @@ if args.mode == "expandable":
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 else:
     os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch  # noqa: E402
 if args.mode == "xseg":
     import xseg_torch  # noqa: E402

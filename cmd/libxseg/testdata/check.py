@@ -1,5 +1,8 @@
-"""Exercise libxseg.so through python/xseg_torch.py with ctypes, on the host
-backend, without torch. Usage: python3 check.py LIB. Prints "ok" or raises."""
+"""A smoke test of libxseg.so through the Python package xseg of this source
+tree (python/xseg), on the host backend, without torch. Usage: python3
+check.py LIB, with XSEG_BACKEND=host and XSEG_HOST_CAPACITY=1073741824 in
+the environment (TestCAPI's "Python" subtest). Prints "ok" or raises. The
+real Python tests are python/tests (pytest)."""
 import ctypes
 import importlib.util
 import os
@@ -7,97 +10,107 @@ import sys
 import threading
 
 here = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location(
-    "xseg_torch", os.path.join(here, "..", "..", "..", "python", "xseg_torch.py"))
-xt = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(xt)
+sys.path.insert(0, os.path.normpath(os.path.join(here, "..", "..", "..", "python")))
+import xseg  # noqa: E402
 
-lib = xt.load(sys.argv[1])
-assert xt.load() is lib, "load is once"
+assert os.path.dirname(xseg.__file__).endswith(os.path.join("python", "xseg")), xseg.__file__
+
+lib = xseg.load(sys.argv[1])
+assert xseg.load() is lib, "load is once"
 try:
-    xt.load("/nonexistent/libxseg.so")
+    xseg.load("/nonexistent/libxseg.so")
     raise AssertionError("a second library path was accepted")
-except RuntimeError:
+except xseg.XsegError:
     pass
-assert xt.version() == "0.1.0", xt.version()
-assert xt.last_error() is None, xt.last_error()
+assert xseg.version() == "0.1.0", xseg.version()
+assert xseg.last_error() is None, xseg.last_error()
 
-st = xt.stats()
+st = xseg.stats(0)
 for key in ("allocated_bytes.all.current", "reserved_bytes.all.peak", "active_bytes.large_pool.current",
             "requested_bytes.small_pool.allocated", "allocation.all.current", "segment.all.peak",
-            "num_alloc_retries", "num_ooms", "device_total_bytes"):
+            "num_alloc_retries", "num_ooms"):
     assert key in st, f"missing stats key {key}"
-assert st["allocated_bytes.all.current"] == 0 and xt.memory_total() == 0
+assert st["allocated_bytes.all.current"] == 0
 
-# Configure before first use; a bad string is a ValueError naming the key.
+# Configure before the first allocation; a bad string is a ValueError naming the key.
 try:
-    xt._configure(lib, "no_such_key:3", False)
+    xseg.configure("no_such_key:3")
     raise AssertionError("bad configuration accepted")
 except ValueError as e:
     assert "no_such_key" in str(e), e
-xt._configure(lib, "oom_max_retries:1", "warn")
-lib.xseg_set_log_level(b"off")
+xseg.configure("oom_max_retries:1,shareable:true")
+xseg.set_log_level("off")
 
-stream = ctypes.c_void_p(0)
-p = lib.xseg_malloc(5 << 20, 0, stream)
-q = lib.xseg_malloc(100, 0, stream)
+MiB = 1 << 20
+p = xseg.malloc(5 * MiB)
+q = xseg.malloc(100)
 assert p and q and p != q
-ctypes.memset(p, 7, 5 << 20)  # host backend: the block is real memory
-assert ctypes.string_at(p + (5 << 20) - 1, 1) == b"\x07"
-assert xt.memory_used() >= (5 << 20) + 100, xt.memory_used()
-assert xt.memory_reserved() >= 5 << 20
-assert xt.memory_total() == 1 << 30, xt.memory_total()
-assert 0 < xt.memory_free() <= xt.memory_total()
-assert lib.xseg_record_stream(p, None) == 0
-assert lib.xseg_record_stream(0x10000, None) == 1
-snap = xt.snapshot()
-assert len(snap["segments"]) >= 1 and snap["stats"]["allocation"]["all"]["current"] == 2, snap["stats"]
-lib.xseg_free(p, 5 << 20, 0, stream)
-lib.xseg_free(q, 100, 0, stream)
-assert xt.memory_allocated() == 0
-assert xt.peak_memory() >= (5 << 20) + 100 and xt.max_memory_reserved() >= 5 << 20
-xt.reset_peak_stats()
-assert xt.max_memory_allocated() == 0
-xt.clear_cache()
-assert xt.memory_reserved() == 0, xt.memory_reserved()
+ctypes.memset(p, 7, 5 * MiB)  # host backend: the block is real memory
+assert ctypes.string_at(p + 5 * MiB - 1, 1) == b"\x07"
+st = xseg.stats(0)
+assert st["allocation.all.current"] == 2, st["allocation.all.current"]
+assert st["requested_bytes.all.current"] == 5 * MiB + 100, st["requested_bytes.all.current"]
+assert st["reserved_bytes.all.current"] >= 5 * MiB
+assert xseg.record_stream(p, 0) is True and xseg.record_stream(0x10000, 0) is False
 
-# Bad input is recorded, never fatal.
-lib.xseg_free(0x7F0000002000, 8, 0, stream)
-assert "xseg_free" in xt.last_error(), xt.last_error()
-assert lib.xseg_malloc(-1, 0, stream) is None and "negative size" in xt.last_error()
+# Sharing: this process opens its own share (a second mapping of the pages).
+desc = xseg.share_block(p)
+with xseg.open_block(desc) as m:
+    assert m.size == 5 * MiB and m.ptr != p
+    assert ctypes.string_at(m.ptr, 4) == b"\x07" * 4
+    ctypes.memset(m.ptr, 9, 4)
+assert ctypes.string_at(p, 4) == b"\x09" * 4
+xseg.unshare(desc)
 try:
-    xt.stats(9)
-    raise AssertionError("stats of a missing device")
-except RuntimeError as e:
-    assert "device 9" in str(e), e
-try:
-    xt.empty_cache(-7)
-    raise AssertionError("empty_cache(-7) accepted")
-except RuntimeError:
+    xseg.open_block(b"garbage")
+    raise AssertionError("opened garbage")
+except xseg.XsegError:
     pass
-assert lib.xseg_malloc(4 << 30, 0, stream) is None and xt.num_ooms() == 1
-assert xt.num_alloc_retries() >= 0
+
+xseg.free(p)
+xseg.free(q)
+assert xseg.stats(0)["allocated_bytes.all.current"] == 0
+
+# Bad input raises, never crashes.
+try:
+    xseg.free(0x7F0000002000)
+    raise AssertionError("freed a pointer xseg did not hand out")
+except xseg.XsegError as e:
+    assert "xseg_free" in str(e), e
+try:
+    xseg.malloc(-1)
+    raise AssertionError("negative size accepted")
+except ValueError:
+    pass
+try:
+    xseg.malloc(4 << 30)
+    raise AssertionError("allocated past the capacity")
+except xseg.OutOfMemoryError as e:
+    assert "out of memory" in str(e), e
+assert xseg.stats(0)["num_ooms"] == 1
 
 # Threads started by Python call in concurrently.
 errors = []
+
+
 def work():
-    for i in range(300):
-        n = 1000 + i * 5000
-        b = lib.xseg_malloc(n, 0, stream)
-        if not b:
-            errors.append(xt.last_error())
-            continue
-        lib.xseg_free(b, n, 0, stream)
+    try:
+        for i in range(300):
+            xseg.free(xseg.malloc(1000 + i * 5000))
+    except Exception as e:
+        errors.append(e)
+
+
 ts = [threading.Thread(target=work) for _ in range(4)]
 [t.start() for t in ts]
 [t.join() for t in ts]
 assert not errors, errors[:3]
-assert xt.stats()["allocation.all.current"] == 0
+assert xseg.stats(0)["allocation.all.current"] == 0
 
 # install() needs torch; without it the error is an ImportError, not a crash.
 if importlib.util.find_spec("torch") is None:
     try:
-        xt.install()
+        xseg.install()
         raise AssertionError("install without torch")
     except ImportError:
         pass

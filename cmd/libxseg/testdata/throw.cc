@@ -1,47 +1,113 @@
-// throw loads libxseg.so with dlopen and checks xseg_malloc_or_throw on the
-// host backend (1 GiB): a block when there is room, std::runtime_error with
-// the reason when there is not. Usage: throw LIB. Prints "ok" or the failure.
+// throw loads libxseg.so with dlopen and checks, on the host backend
+// (1 GiB), the functions that throw for PyTorch: xseg_malloc_or_throw gives
+// a block when there is room; out of memory is caught as PyTorch catches it,
+// by a `catch (c10::OutOfMemoryError&)` of a class of the same name declared
+// here (as PyTorch's headers declare it, not xseg's), with a message that
+// starts "CUDA out of memory."; other failures are std::runtime_error; and
+// the empty-cache, record-stream and memory-fraction hooks. Usage: throw
+// LIB. Prints "ok" or the failure.
 #include <dlfcn.h>
 
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
+#include <string>
 
 #include "xseg.h"
 
+// PyTorch's exception classes as a program built against libc10 sees them:
+// only the names and the virtual what_without_backtrace matter here.
+namespace c10 {
+class Error : public std::exception {
+ public:
+	virtual const char* what_without_backtrace() const noexcept = 0;
+};
+class OutOfMemoryError : public Error {};
+}  // namespace c10
+
+#define FAIL(...)                     \
+	do {                              \
+		std::printf("FAIL " __VA_ARGS__); \
+		std::printf("\n");            \
+		return 1;                     \
+	} while (0)
+
+template <typename F>
+F sym(void* h, const char* name) {
+	return reinterpret_cast<F>(dlsym(h, name));
+}
+
 int main(int argc, char** argv) {
 	void* h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-	if (!h) {
-		std::printf("FAIL dlopen: %s\n", dlerror());
-		return 1;
-	}
-	auto m = reinterpret_cast<decltype(&xseg_malloc_or_throw)>(dlsym(h, "xseg_malloc_or_throw"));
-	auto f = reinterpret_cast<decltype(&xseg_free)>(dlsym(h, "xseg_free"));
-	if (!m || !f) {
-		std::printf("FAIL dlsym: %s\n", dlerror());
-		return 1;
-	}
+	if (!h) FAIL("dlopen: %s", dlerror());
+	auto m = sym<decltype(&xseg_malloc_or_throw)>(h, "xseg_malloc_or_throw");
+	auto f = sym<decltype(&xseg_free)>(h, "xseg_free");
+	auto empty = sym<decltype(&xseg_empty_cache_hook)>(h, "xseg_empty_cache_hook");
+	auto record = sym<decltype(&xseg_record_stream_hook)>(h, "xseg_record_stream_hook");
+	auto fraction = sym<decltype(&xseg_memory_fraction_hook)>(h, "xseg_memory_fraction_hook");
+	if (!m || !f || !empty || !record || !fraction) FAIL("dlsym: %s", dlerror());
+	if (dlsym(h, "_ZTIN3c1016OutOfMemoryErrorE") != nullptr) FAIL("libxseg exports c10's type info");
+
 	void* p = m(1 << 20, 0, nullptr);
-	if (!p || m(0, 0, nullptr) != nullptr) {
-		std::printf("FAIL: 1 MiB gave %p\n", p);
-		return 1;
-	}
+	if (!p || m(0, 0, nullptr) != nullptr) FAIL("1 MiB gave %p", p);
+	record(p, reinterpret_cast<cudaStream_t>(0x77));      // host backend: any stream handle
+	record(reinterpret_cast<void*>(0x1000), nullptr);       // not xseg's: quiet
 	f(p, 1 << 20, 0, nullptr);
-	const ssize_t sizes[] = {ssize_t(2) << 30, -5};
-	const char* want[] = {"out of memory", "negative size"};
-	for (int i = 0; i < 2; i++) {
+	empty();
+
+	// Out of memory: caught as c10::OutOfMemoryError, PyTorch's message.
+	for (ssize_t size : {ssize_t(2) << 30, ssize_t(1) << 45}) {
 		try {
-			void* q = m(sizes[i], 0, nullptr);
-			std::printf("FAIL: %zd bytes gave %p, no exception\n", sizes[i], q);
-			return 1;
-		} catch (const std::runtime_error& e) {
-			if (!std::strstr(e.what(), want[i]) || !std::strstr(e.what(), "xseg_malloc: ")) {
-				std::printf("FAIL: exception %s\n", e.what());
-				return 1;
-			}
+			void* q = m(size, 0, nullptr);
+			FAIL("%zd bytes gave %p, no exception", size, q);
+		} catch (const c10::OutOfMemoryError& e) {
+			if (std::strncmp(e.what_without_backtrace(), "CUDA out of memory. Tried to allocate ", 38) != 0 ||
+			    std::strcmp(e.what(), e.what_without_backtrace()) != 0 || !std::strstr(e.what(), "xseg: "))
+				FAIL("OOM message: %s", e.what());
 			std::printf("%s\n", e.what());
+		} catch (const std::exception& e) {
+			FAIL("%zd bytes: not c10::OutOfMemoryError: %s", size, e.what());
 		}
 	}
+	// Other failures: std::runtime_error, not OOM.
+	try {
+		m(-5, 0, nullptr);
+		FAIL("-5 bytes: no exception");
+	} catch (const c10::OutOfMemoryError& e) {
+		FAIL("-5 bytes thrown as OOM: %s", e.what());
+	} catch (const std::runtime_error& e) {
+		if (!std::strstr(e.what(), "negative size") || !std::strstr(e.what(), "xseg_malloc: "))
+			FAIL("exception %s", e.what());
+	}
+
+	// The memory-fraction hook: a limit of a quarter of the 1 GiB device.
+	fraction(0.25, 0);
+	try {
+		m(ssize_t(300) << 20, 0, nullptr);
+		FAIL("300 MiB past a 256 MiB limit: no exception");
+	} catch (const c10::OutOfMemoryError& e) {
+		if (!std::strstr(e.what(), "limit")) FAIL("limit OOM message: %s", e.what());
+	}
+	void* q = m(ssize_t(200) << 20, 0, nullptr);
+	if (!q) FAIL("200 MiB under a 256 MiB limit");
+	f(q, 0, 0, nullptr);
+	for (double bad : {-0.5, 1.5}) {
+		try {
+			fraction(bad, 0);
+			FAIL("fraction %g accepted", bad);
+		} catch (const std::runtime_error& e) {
+		}
+	}
+	try {
+		fraction(0.5, 99);
+		FAIL("fraction of device 99 accepted");
+	} catch (const std::runtime_error& e) {
+	}
+	fraction(1.0, 0);
+	q = m(ssize_t(300) << 20, 0, nullptr);
+	if (!q) FAIL("300 MiB after the limit went back to 1.0");
+	f(q, 0, 0, nullptr);
 	std::printf("ok\n");
 	return 0;
 }

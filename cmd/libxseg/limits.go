@@ -1,0 +1,150 @@
+package main
+
+/*
+#include <stddef.h>
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"fmt"
+
+	xseg "github.com/xseg-dev/xseg"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// The memory limit (PyTorch's memory_fraction_fn hook) and the allocation
+// history (memory_viz) of xseg.h. These exports take numbers and C
+// pointers to numbers only, never a stream handle, so they are exported
+// under their C names directly, without a shim.c wrapper.
+
+// limiter returns dev's allocator's memory limit, making the allocator if
+// need be.
+func (l *library) limiter(dev int) (xseg.MemoryLimiter, error) {
+	a, err := l.allocator(dev)
+	if err != nil {
+		return nil, err
+	}
+	return xseg.LimiterOf(a)
+}
+
+// setMemoryFraction limits dev's reserved memory to fraction of its total.
+// A bad fraction changes nothing, not even whether dev has an allocator.
+func (l *library) setMemoryFraction(fraction float64, dev int) error {
+	if !(fraction >= 0 && fraction <= 1) {
+		return fmt.Errorf("memory fraction %v on device %d: not in [0, 1]: %w", fraction, dev, vmm.ErrInvalid)
+	}
+	lim, err := l.limiter(dev)
+	if err != nil {
+		return err
+	}
+	return lim.SetMemoryFraction(fraction)
+}
+
+// setMemoryLimit limits dev's reserved memory to bytes (0: no limit).
+func (l *library) setMemoryLimit(dev int, bytes uint64) error {
+	lim, err := l.limiter(dev)
+	if err != nil {
+		return err
+	}
+	lim.SetMemoryLimit(bytes)
+	return nil
+}
+
+// memoryFraction is dev's limit as a fraction of its memory, 0 when there
+// is none, or no allocator yet.
+func (l *library) memoryFraction(dev int) (float64, error) {
+	a, err := l.known(dev)
+	if err != nil || a == nil {
+		return 0, err
+	}
+	lim, err := xseg.LimiterOf(a)
+	if err != nil {
+		return 0, err
+	}
+	return lim.MemoryFraction(), nil
+}
+
+// recordHistory keeps the last maxEntries events of dev (0: none).
+func (l *library) recordHistory(dev int, maxEntries uint64) error {
+	if maxEntries > xseg.MaxHistoryEntries {
+		return fmt.Errorf("history of %d events on device %d: more than %d: %w", maxEntries, dev, xseg.MaxHistoryEntries, vmm.ErrInvalid)
+	}
+	a, err := l.allocator(dev)
+	if err != nil {
+		return err
+	}
+	h, err := xseg.HistorianOf(a)
+	if err != nil {
+		return err
+	}
+	return h.RecordHistory(int(maxEntries))
+}
+
+// historyJSON is dev's history as a JSON array, oldest first; empty for a
+// device without an allocator or a history.
+func (l *library) historyJSON(dev int) ([]byte, error) {
+	a, err := l.known(dev)
+	if err != nil {
+		return nil, err
+	}
+	events := []xseg.HistoryEvent{}
+	if a != nil {
+		h, err := xseg.HistorianOf(a)
+		if err != nil {
+			return nil, err
+		}
+		if got := h.History(); got != nil {
+			events = got
+		}
+	}
+	return json.Marshal(events)
+}
+
+//export xseg_set_memory_fraction
+func xseg_set_memory_fraction(fraction C.double, device C.int) {
+	defer catch("xseg_set_memory_fraction")
+	if err := lib.setMemoryFraction(float64(fraction), int(device)); err != nil {
+		fail("xseg_set_memory_fraction", err)
+	}
+}
+
+//export xseg_memory_fraction
+func xseg_memory_fraction(device C.int, out *C.double) (rc C.int) {
+	rc = -1
+	defer catch("xseg_memory_fraction")
+	if out == nil {
+		return status("xseg_memory_fraction", fmt.Errorf("device %d: out is NULL: %w", int(device), vmm.ErrInvalid))
+	}
+	f, err := lib.memoryFraction(int(device))
+	if err == nil {
+		*out = C.double(f)
+	}
+	return status("xseg_memory_fraction", err)
+}
+
+//export xseg_set_memory_limit
+func xseg_set_memory_limit(device C.int, bytes C.ulonglong) (rc C.int) {
+	rc = -1
+	defer catch("xseg_set_memory_limit")
+	return status("xseg_set_memory_limit", lib.setMemoryLimit(int(device), uint64(bytes)))
+}
+
+//export xseg_record_history
+func xseg_record_history(device C.int, maxEntries C.size_t) (rc C.int) {
+	rc = -1
+	defer catch("xseg_record_history")
+	return status("xseg_record_history", lib.recordHistory(int(device), uint64(maxEntries)))
+}
+
+//export xseg_history_json
+func xseg_history_json(device C.int) (s *C.char) {
+	defer catch("xseg_history_json")
+	b, err := lib.historyJSON(int(device))
+	if err != nil {
+		fail("xseg_history_json", err)
+		return nil
+	}
+	return C.CString(string(b))
+}

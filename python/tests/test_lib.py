@@ -1,0 +1,494 @@
+"""The ctypes layer (xseg._lib, re-exported by xseg) on the host backend,
+without torch. Tests that need a fresh library or a configuration of their
+own run in a subprocess (run_py); the others share this process's library,
+unconfigured, and so check differences rather than absolute figures."""
+
+import builtins
+import ctypes
+import os
+import threading
+
+import pytest
+
+import xseg
+from xseg import _lib
+from conftest import CAPACITY, MiB, header_version, last_json
+
+GiB = 1 << 30
+
+
+def stats():
+    return _lib.flatten(_lib.raw_stats(0))
+
+
+# --- the library and the package ---
+
+def test_version_matches_header():
+    v = xseg.version()
+    assert v == _lib.version()
+    want = header_version()
+    if want is not None:
+        assert v == want, "libxseg's version differs from XSEG_VERSION in cmd/libxseg/xseg.h"
+    assert v == xseg.__version__, "xseg.__version__ differs from the library's version"
+
+
+def test_loaded_library_is_the_one_under_test(lib_path):
+    assert _lib.loaded() is _lib.load()
+    assert _lib.library_path() == lib_path
+    assert os.environ["XSEG_LIB"] == lib_path
+
+
+def test_package_finds_its_own_library(monkeypatch):
+    packaged = os.path.join(os.path.dirname(os.path.abspath(xseg.__file__)), "libxseg.so")
+    if not os.path.isfile(packaged):
+        pytest.skip("this xseg package ships no libxseg.so (a source tree, not a wheel)")
+    monkeypatch.delenv("XSEG_LIB", raising=False)
+    assert xseg.find_library() == packaged
+
+
+def test_find_library_errors(monkeypatch, tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        xseg.find_library(str(tmp_path / "libxseg.so"))
+    monkeypatch.setenv("XSEG_LIB", str(tmp_path / "nothing.so"))
+    with pytest.raises(FileNotFoundError):
+        xseg.find_library()
+
+
+def test_load_is_once(libxseg, tmp_path):
+    assert xseg.load() is libxseg
+    with pytest.raises(xseg.XsegError, match="already loaded"):
+        xseg.load(str(tmp_path / "libxseg.so"))
+
+
+def test_star_import_shadows_no_builtin():
+    ns = {}
+    exec("from xseg import *", ns)
+    names = set(ns) - {"__builtins__"}
+    assert names, "from xseg import * imported nothing"
+    assert not names & set(dir(builtins)), f"xseg's * shadows builtins: {sorted(names & set(dir(builtins)))}"
+    assert names == set(xseg.__all__)
+
+
+def test_all_is_defined():
+    missing = [n for n in xseg.__all__ if not hasattr(xseg, n)]
+    assert not missing, missing
+    assert len(set(xseg.__all__)) == len(xseg.__all__)
+
+
+def test_errors_are_exceptions():
+    assert issubclass(xseg.XsegError, RuntimeError)
+    assert issubclass(xseg.OutOfMemoryError, xseg.XsegError)
+    assert issubclass(xseg.OutOfMemoryError, MemoryError)
+    assert xseg.XsegError is _lib.XsegError and xseg.OutOfMemoryError is _lib.OutOfMemoryError
+
+
+def test_import_needs_no_torch(run_py):
+    proc = run_py("""
+        print(json.dumps(["torch" in sys.modules, xseg.version()]))
+    """)
+    assert last_json(proc) == [False, _lib.version()]
+
+
+# --- allocation ---
+
+def test_malloc_gives_writable_host_memory():
+    before = stats()
+    n = 5 * MiB + 3
+    p = xseg.malloc(n)
+    q = xseg.malloc(4096)
+    try:
+        assert p and q and p != q
+        ctypes.memset(p, 0x5A, n)
+        assert ctypes.string_at(p, 4) == b"ZZZZ" and ctypes.string_at(p + n - 1, 1) == b"Z"
+        ctypes.memmove(q, b"xseg" * 1024, 4096)
+        ctypes.memmove(p + 100, q, 4096)
+        assert ctypes.string_at(p + 100, 8) == b"xsegxseg"
+        assert ctypes.string_at(p + 99, 1) == b"Z" and ctypes.string_at(p + 4196, 1) == b"Z"
+        st = stats()
+        assert st["allocation.all.current"] == before["allocation.all.current"] + 2
+        assert st["requested_bytes.all.current"] == before["requested_bytes.all.current"] + n + 4096
+        assert st["allocated_bytes.all.current"] >= before["allocated_bytes.all.current"] + n + 4096
+    finally:
+        xseg.free(p)
+        xseg.free(q)
+    after = stats()
+    assert after["allocation.all.current"] == before["allocation.all.current"]
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+
+
+def test_malloc_zero_and_free_null():
+    assert xseg.malloc(0) == 0
+    xseg.free(0)  # nothing to do
+
+
+def test_malloc_negative_size():
+    with pytest.raises(ValueError, match="negative"):
+        xseg.malloc(-1)
+
+
+def test_free_of_a_bad_pointer_raises():
+    with pytest.raises(xseg.XsegError) as e:
+        xseg.free(0x7F0000002000)
+    assert "xseg_free_block" in str(e.value)
+    assert "xseg_free_block" in xseg.last_error()
+
+
+def test_double_free_raises():
+    p = xseg.malloc(1000)
+    xseg.free(p)
+    with pytest.raises(xseg.XsegError, match="not allocated"):
+        xseg.free(p)
+
+
+def test_out_of_memory_beyond_capacity():
+    before = stats()["num_ooms"]
+    with pytest.raises(xseg.OutOfMemoryError) as e:
+        xseg.malloc(2 * CAPACITY)
+    assert "out of memory" in str(e.value)
+    assert isinstance(e.value, MemoryError) and isinstance(e.value, xseg.XsegError)
+    assert stats()["num_ooms"] == before + 1
+    p = xseg.malloc(MiB)  # the library goes on working
+    xseg.free(p)
+
+
+def test_malloc_at_most_argument_errors():
+    for mx, mn in ((1, 2), (10, 0), (0, 0), (10, -1)):
+        with pytest.raises(ValueError):
+            xseg.malloc_at_most(mx, mn)
+
+
+def test_malloc_at_most_without_pressure():
+    p, n = xseg.malloc_at_most(8 * MiB, MiB)
+    try:
+        assert p and n == 8 * MiB
+        ctypes.memset(p, 1, n)
+    finally:
+        xseg.free(p)
+
+
+def test_record_stream():
+    p = xseg.malloc(1000)
+    try:
+        assert xseg.record_stream(p, 0) is True
+    finally:
+        xseg.free(p)
+    assert xseg.record_stream(0x10000, 0) is False
+
+
+def test_bad_devices_raise():
+    with pytest.raises(xseg.XsegError, match="device 9"):
+        _lib.raw_stats(9)
+    with pytest.raises(xseg.XsegError):
+        _lib.empty_cache(-7)
+    with pytest.raises(xseg.XsegError):
+        xseg.memory_fraction(9)
+    with pytest.raises(ValueError):
+        xseg.set_memory_fraction(1.5, 0)
+    with pytest.raises(ValueError):
+        xseg.set_memory_fraction(-0.1, 0)
+
+
+def test_set_log_level():
+    for level in ("error", "warn", "off"):
+        xseg.set_log_level(level)
+    with pytest.raises(ValueError, match="loud"):
+        xseg.set_log_level("loud")
+
+
+def test_snapshot_shows_a_block():
+    p = xseg.malloc(3 * MiB)
+    try:
+        snap = _lib.raw_snapshot(0)
+        blocks = [b for seg in snap["segments"] for b in seg["blocks"]]
+        mine = [b for b in blocks if b["ptr"] == p]
+        assert len(mine) == 1 and mine[0]["state"] == "allocated" and mine[0]["requested"] == 3 * MiB, mine
+    finally:
+        xseg.free(p)
+
+
+def test_pools():
+    pool = (7, 8)
+    xseg.pool_retain(0, pool)
+    try:
+        assert xseg.pool_allocations(pool, 0) == []
+        lib = xseg.load()
+        p = lib.xseg_malloc_in_pool(4096, 0, None, *pool)
+        assert p, xseg.last_error()
+        assert xseg.pool_allocations(pool, 0) == [p]
+        xseg.free(p)
+        assert xseg.pool_allocations(pool, 0) == []
+    finally:
+        xseg.pool_release(0, pool)
+    with pytest.raises(xseg.XsegError):
+        xseg.pool_allocations(pool, 0)
+    with pytest.raises(xseg.XsegError, match="no use"):
+        xseg.pool_release(0, pool)
+
+
+def test_concurrent_malloc_free_from_8_threads():
+    before = stats()["allocation.all.current"]
+    errors = []
+    barrier = threading.Barrier(8)
+
+    def work(k):
+        try:
+            barrier.wait()
+            held = []
+            for i in range(200):
+                n = 512 + ((i * 7919 + k * 104729) % (2 * MiB))
+                p = xseg.malloc(n)
+                ctypes.memset(p, k, n)
+                held.append((p, n))
+                if len(held) > 4:
+                    q, m = held.pop(0)
+                    # Nobody else wrote into this block while it was ours.
+                    assert ctypes.string_at(q, 1) == bytes([k]) and ctypes.string_at(q + m - 1, 1) == bytes([k])
+                    xseg.free(q)
+            for q, m in held:
+                assert ctypes.string_at(q + m // 2, 1) == bytes([k])
+                xseg.free(q)
+        except BaseException as e:  # reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(k + 1,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    assert stats()["allocation.all.current"] == before
+
+
+# --- a fresh library in a subprocess ---
+
+STATS_KEYS = [
+    "allocated_bytes.all.current", "allocated_bytes.all.peak", "allocated_bytes.all.allocated",
+    "allocated_bytes.all.freed", "allocated_bytes.large_pool.current", "allocated_bytes.small_pool.current",
+    "reserved_bytes.all.current", "reserved_bytes.all.peak", "active_bytes.all.current",
+    "requested_bytes.all.current", "allocation.all.current", "allocation.all.peak", "active.all.current",
+    "segment.all.current", "segment.all.peak", "num_alloc_retries", "num_ooms", "device_total_bytes",
+    "device_free_bytes", "memory_limit_bytes",
+]
+
+
+def test_stats_keys_and_values(run_py):
+    proc = run_py("""
+        out = {"fresh": stats()}
+        p = xseg.malloc(5 * MiB)
+        q = xseg.malloc(100)
+        out["two"] = stats()
+        xseg.free(p)
+        xseg.free(q)
+        out["freed"] = stats()
+        _lib.empty_cache()
+        out["emptied"] = stats()
+        print(json.dumps(out))
+    """)
+    out = last_json(proc)
+    fresh, two, freed, emptied = out["fresh"], out["two"], out["freed"], out["emptied"]
+    for key in STATS_KEYS:
+        assert key in fresh, f"missing stats key {key}"
+    assert all(v == 0 for k, v in fresh.items() if k.split(".")[0] not in ("device", "device_total_bytes",
+                                                                            "device_free_bytes")), fresh
+    assert two["allocation.all.current"] == 2 and two["allocation.large_pool.current"] == 1
+    assert two["allocation.small_pool.current"] == 1
+    assert two["requested_bytes.all.current"] == 5 * MiB + 100
+    assert two["allocated_bytes.large_pool.current"] == 5 * MiB
+    assert 100 <= two["allocated_bytes.small_pool.current"] <= 4096  # rounded up to whole units
+    assert two["allocated_bytes.all.current"] == (two["allocated_bytes.large_pool.current"]
+                                                  + two["allocated_bytes.small_pool.current"])
+    assert two["active_bytes.all.current"] == two["allocated_bytes.all.current"]
+    assert two["reserved_bytes.all.current"] >= two["allocated_bytes.all.current"]
+    assert two["reserved_bytes.all.peak"] == two["reserved_bytes.all.current"]
+    assert two["segment.all.current"] >= 1
+    assert two["device_total_bytes"] == 1 << 30
+    assert two["device_free_bytes"] == (1 << 30) - two["reserved_bytes.all.current"]
+
+    assert freed["allocation.all.current"] == 0 and freed["allocated_bytes.all.current"] == 0
+    assert freed["allocation.all.peak"] == 2 and freed["allocated_bytes.all.peak"] == two["allocated_bytes.all.current"]
+    assert freed["allocation.all.allocated"] == 2 and freed["allocation.all.freed"] == 2
+    assert freed["allocated_bytes.all.freed"] == freed["allocated_bytes.all.allocated"]
+    assert freed["reserved_bytes.all.current"] == two["reserved_bytes.all.current"], "freeing keeps the cache"
+    assert emptied["reserved_bytes.all.current"] == 0
+    assert emptied["reserved_bytes.all.peak"] == two["reserved_bytes.all.peak"]
+
+
+def test_configure_errors_and_success(run_py):
+    proc = run_py("""
+        out = {}
+        for conf in ("no_such_key:3", "oom_max_retries:abc"):
+            try:
+                xseg.configure(conf)
+                out[conf] = "accepted"
+            except ValueError as e:
+                out[conf] = "ValueError: " + str(e)
+        xseg.configure("oom_max_retries:0,shareable:true")
+        p = xseg.malloc(MiB)
+        out["shared"] = len(xseg.share_block(p)) > 0
+        try:
+            xseg.configure("oom_max_retries:2")
+            out["late"] = "accepted"
+        except Exception as e:
+            out["late"] = type(e).__name__ + ": " + str(e)
+        print(json.dumps(out))
+    """)
+    out = last_json(proc)
+    assert out["no_such_key:3"].startswith("ValueError") and "no_such_key" in out["no_such_key:3"], out
+    assert out["oom_max_retries:abc"].startswith("ValueError") and "oom_max_retries" in out["oom_max_retries:abc"]
+    assert out["shared"] is True, "the configuration given before the first allocation applies"
+    assert out["late"].startswith("XsegError: "), f"configure after the first allocation: {out['late']}"
+
+
+def test_bad_XSEG_CONF_fails_the_first_allocation(run_py):
+    proc = run_py("""
+        try:
+            xseg.malloc(1)
+            print(json.dumps("allocated"))
+        except xseg.XsegError as e:
+            print(json.dumps(str(e)))
+    """, env={"XSEG_CONF": "no_such_key:1"})
+    assert "no_such_key" in last_json(proc)
+
+
+def test_oom_counts_and_reset_accumulated(run_py):
+    proc = run_py("""
+        out = {}
+        p = xseg.malloc(200 * MiB)
+        xseg.free(p)
+        try:
+            xseg.malloc(2 << 30)
+            out["oom"] = None
+        except xseg.OutOfMemoryError as e:
+            out["oom"] = str(e)
+        out["before"] = stats()
+        xseg.reset_accumulated_stats()
+        out["after"] = stats()
+        print(json.dumps(out))
+    """)
+    out = last_json(proc)
+    assert out["oom"] and "out of memory" in out["oom"]
+    before, after = out["before"], out["after"]
+    assert before["num_ooms"] == 1 and before["allocation.all.allocated"] == 1
+    assert before["allocated_bytes.all.allocated"] == 200 * MiB
+    for key in ("num_ooms", "num_alloc_retries", "allocation.all.allocated", "allocation.all.freed",
+                "allocated_bytes.all.allocated", "allocated_bytes.all.freed", "requested_bytes.all.allocated",
+                "segment.all.allocated"):
+        assert after[key] == 0, key
+    # Current values and peaks are not accumulated counts.
+    assert after["reserved_bytes.all.current"] == before["reserved_bytes.all.current"] > 0
+    assert after["allocated_bytes.all.peak"] == before["allocated_bytes.all.peak"] == 200 * MiB
+
+
+def test_reset_peak_stats(run_py):
+    proc = run_py("""
+        p = xseg.malloc(64 * MiB)
+        q = xseg.malloc(MiB)
+        xseg.free(p)
+        before = stats()
+        xseg.reset_peak_stats()
+        after = stats()
+        print(json.dumps([before, after]))
+    """)
+    before, after = last_json(proc)
+    assert before["allocated_bytes.all.peak"] >= 65 * MiB
+    for kind in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes", "allocation", "segment"):
+        assert after[kind + ".all.peak"] == after[kind + ".all.current"], kind
+    assert after["allocated_bytes.all.peak"] == MiB
+
+
+def test_malloc_at_most_under_capacity_pressure(run_py):
+    proc = run_py("""
+        hold = xseg.malloc(900 * MiB)
+        p, n = xseg.malloc_at_most(512 * MiB, MiB)
+        ctypes.memset(p, 3, n)
+        out = {"n": n, "ooms": stats()["num_ooms"]}
+        try:
+            xseg.malloc_at_most(512 * MiB, 400 * MiB)
+            out["too_big"] = None
+        except xseg.OutOfMemoryError as e:
+            out["too_big"] = str(e)
+        print(json.dumps(out))
+    """)
+    out = last_json(proc)
+    assert MiB <= out["n"] < 512 * MiB, out
+    assert out["n"] <= (1 << 30) - 900 * MiB
+    assert out["too_big"] and "out of memory" in out["too_big"], out
+
+
+def test_memory_fraction_limits_growth(run_py):
+    proc = run_py("""
+        out = {}
+        out["initial"] = xseg.memory_fraction(0)
+        xseg.set_memory_fraction(0.25, 0)
+        out["set"] = xseg.memory_fraction(0)
+        out["limit_bytes"] = stats()["memory_limit_bytes"]
+        p = xseg.malloc(200 * MiB)
+        try:
+            xseg.malloc(100 * MiB)
+            out["over"] = None
+        except xseg.OutOfMemoryError as e:
+            out["over"] = str(e)
+        xseg.set_memory_fraction(1.0, 0)
+        out["raised"] = xseg.memory_fraction(0)
+        q = xseg.malloc(100 * MiB)
+        ctypes.memset(q, 9, 100 * MiB)
+        out["after"] = stats()["allocated_bytes.all.current"]
+        print(json.dumps(out))
+    """)
+    out = last_json(proc)
+    assert out["initial"] == 0.0
+    assert out["set"] == 0.25
+    assert out["limit_bytes"] == 256 * MiB
+    assert out["over"] is not None, "an allocation past the 256 MiB limit succeeded"
+    assert "out of memory" in out["over"] and "limit" in out["over"], out["over"]
+    assert out["raised"] == 1.0
+    assert out["after"] == 300 * MiB
+
+
+def test_memory_fraction_zero_allows_no_growth(run_py):
+    proc = run_py("""
+        xseg.set_memory_fraction(0.0, 0)
+        try:
+            xseg.malloc(MiB)
+            print(json.dumps(None))
+        except xseg.OutOfMemoryError as e:
+            print(json.dumps(str(e)))
+    """)
+    assert "limit" in (last_json(proc) or "")
+
+
+def test_history_records_allocations(run_py):
+    proc = run_py("""
+        xseg.record_history(0, 1000)
+        p = xseg.malloc(3 * MiB)
+        xseg.free(p)
+        _lib.empty_cache()
+        h = xseg.history(0)
+        xseg.record_history(0, 0)
+        print(json.dumps({"p": p, "h": h, "stopped": xseg.history(0)}))
+    """)
+    out = last_json(proc)
+    h, p = out["h"], out["p"]
+    actions = [e["action"] for e in h]
+    for want in ("alloc", "free_requested", "free_completed", "segment_map", "segment_unmap"):
+        assert want in actions, (want, actions)
+    assert actions.index("alloc") < actions.index("free_requested") <= actions.index("free_completed")
+    alloc = h[actions.index("alloc")]
+    assert alloc["addr"] == p and alloc["size"] >= 3 * MiB
+    for key in ("action", "addr", "size", "stream", "time_us", "device_free"):
+        assert key in alloc, key
+    times = [e["time_us"] for e in h]
+    assert times == sorted(times), "oldest first"
+    assert out["stopped"] == []
+
+
+def test_history_keeps_the_last_entries(run_py):
+    proc = run_py("""
+        xseg.record_history(0, 5)
+        for _ in range(10):
+            xseg.free(xseg.malloc(4096))
+        print(json.dumps(xseg.history(0)))
+    """)
+    h = last_json(proc)
+    assert len(h) == 5, h
+    assert {e["action"] for e in h} <= {"alloc", "free_requested", "free_completed", "segment_map"}

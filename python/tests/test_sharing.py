@@ -1,0 +1,186 @@
+"""Cross-process sharing through the ctypes layer, on the host backend: an
+exporter process (configured shareable:true) shares a block, importer
+processes open it from its descriptor, and both see each other's writes.
+Each side is its own Python process: a process has one xseg."""
+
+import pytest
+
+import xseg
+from conftest import MiB, last_json
+
+SIZE = 3 * MiB
+
+# The exporter: shares a block filled with 0xA5 and answers commands.
+EXPORTER = """
+import ctypes
+xseg.configure("shareable:true")
+importers = int(sys.argv[1])
+p = xseg.malloc(%d)
+ctypes.memset(p, 0xA5, %d)
+desc = xseg.share_block(p, importers=importers)
+print(json.dumps({"desc": desc.hex(), "ptr": p}))
+for line in sys.stdin:
+    cmd = line.strip()
+    if cmd == "check":
+        print(json.dumps([ctypes.string_at(p, 16).hex(), ctypes.string_at(p + %d - 16, 16).hex()]))
+    elif cmd == "unshare":
+        out = []
+        for _ in range(2):
+            try:
+                xseg.unshare(desc)
+                out.append("ok")
+            except xseg.XsegError as e:
+                out.append("XsegError: " + str(e))
+        print(json.dumps(out))
+    elif cmd == "free":
+        xseg.free(p)
+        q = xseg.malloc(%d)  # the shared pages stay out of reuse
+        ctypes.memset(q, 0x11, %d)
+        print(json.dumps(q != p))
+    elif cmd == "exit":
+        break
+""" % (SIZE, SIZE, SIZE, SIZE, SIZE)
+
+# An importer: opens the descriptor (argv[1], hex), reads the block, writes
+# 0x3C at both ends, prints what it saw; or the error.
+IMPORTER = """
+import ctypes
+desc = bytes.fromhex(sys.argv[1])
+try:
+    m = xseg.open_block(desc)
+except xseg.XsegError as e:
+    print(json.dumps({"error": str(e)}))
+    sys.exit(0)
+with m:
+    seen = [ctypes.string_at(m.ptr, 16).hex(), ctypes.string_at(m.ptr + m.size - 16, 16).hex()]
+    ctypes.memset(m.ptr, 0x3C, 16)
+    ctypes.memset(m.ptr + m.size - 16, 0x3C, 16)
+    try:
+        xseg.unshare(desc)
+        unshare = "ok"
+    except xseg.XsegError as e:
+        unshare = "XsegError: " + str(e)
+print(json.dumps({"size": m.size, "seen": seen, "unshare": unshare}))
+"""
+
+A5 = "a5" * 16
+C3 = "3c" * 16
+
+
+def _start_exporter(spawn_py, importers):
+    exp = spawn_py(EXPORTER, args=[str(importers)])
+    first = exp.recv_json()
+    return exp, first["desc"]
+
+
+def test_share_and_open_between_processes(spawn_py, run_py):
+    exp, desc = _start_exporter(spawn_py, importers=1)
+    assert len(desc) > 8
+
+    got = last_json(run_py(IMPORTER, args=[desc]))
+    assert "error" not in got, got
+    assert got["size"] == SIZE
+    assert got["seen"] == [A5, A5], "the importer sees the exporter's bytes"
+    assert got["unshare"].startswith("XsegError"), "only the exporter can unshare"
+
+    exp.send("check")
+    assert exp.recv_json() == [C3, C3], "the exporter sees the importer's writes"
+
+    # importers=1: the share ended with the first open.
+    again = last_json(run_py(IMPORTER, args=[desc]))
+    assert "error" in again, f"a second importer opened a share for one: {again}"
+
+    exp.send("exit")
+    rc, err = exp.finish()
+    assert rc == 0, err
+
+
+def test_unlimited_share_until_unshare(spawn_py, run_py):
+    exp, desc = _start_exporter(spawn_py, importers=0)
+    for _ in range(2):
+        got = last_json(run_py(IMPORTER, args=[desc]))
+        assert got.get("seen", [None])[0] in (A5, C3), got
+    exp.send("unshare")
+    first, second = exp.recv_json()
+    assert first == "ok"
+    assert second.startswith("XsegError"), "unshare of a descriptor no longer shared"
+    late = last_json(run_py(IMPORTER, args=[desc]))
+    assert "error" in late, f"opened after unshare: {late}"
+    exp.send("exit")
+    assert exp.finish()[0] == 0
+
+
+def test_mapping_outlives_free_and_exporter(spawn_py):
+    exp, desc = _start_exporter(spawn_py, importers=1)
+    imp = spawn_py("""
+        import ctypes
+        m = xseg.open_block(bytes.fromhex(sys.argv[1]))
+        print(json.dumps(m.size))
+        sys.stdin.readline()
+        print(json.dumps(ctypes.string_at(m.ptr, 16).hex()))
+        m.close()
+        m.close()  # closing twice is harmless
+    """, args=[desc])
+    assert imp.recv_json() == SIZE
+    exp.send("free")
+    assert exp.recv_json() is True, "a freed shared block was handed out again"
+    exp.send("exit")
+    assert exp.finish()[0] == 0
+    imp.send("read")
+    assert imp.recv_json() == A5, "the importer's mapping changed after the exporter freed it and exited"
+    rc, err = imp.finish()
+    assert rc == 0, err
+
+
+def test_share_needs_a_shareable_allocator():
+    p = xseg.malloc(MiB)
+    try:
+        with pytest.raises(xseg.XsegError, match="shareable"):
+            xseg.share_block(p)
+    finally:
+        xseg.free(p)
+
+
+def test_unshare_of_an_unknown_descriptor():
+    with pytest.raises(xseg.XsegError):
+        xseg.unshare(b"garbage")
+    with pytest.raises(xseg.XsegError):
+        xseg.unshare(b"")
+
+
+def test_open_of_garbage_is_an_error_not_a_crash(run_py):
+    proc = run_py("""
+        import ctypes, random
+        xseg.configure("shareable:true")
+        p = xseg.malloc(MiB)
+        ctypes.memset(p, 7, MiB)
+        desc = xseg.share_block(p)
+        rnd = random.Random(1)
+        bad = [b"", b"garbage", b"\\0" * 64, bytes(rnd.randrange(256) for _ in range(1000)),
+               desc[:4] + bytes(rnd.randrange(256) for _ in range(200)), desc + b"trailing"]
+        bad += [desc[:n] for n in range(len(desc))]
+        errors = 0
+        for d in bad:
+            try:
+                xseg.open_block(d).close()
+            except xseg.XsegError:
+                errors += 1
+        # One byte changed at a time: an error or a mapping, never a crash.
+        mutated = 0
+        for i in range(len(desc)):
+            d = bytearray(desc)
+            d[i] ^= 0x5A
+            try:
+                xseg.open_block(bytes(d)).close()
+            except xseg.XsegError:
+                pass
+            mutated += 1
+        with xseg.open_block(desc) as m:  # the real one still opens
+            same = ctypes.string_at(m.ptr, 4) == b"\\x07" * 4
+        q = xseg.malloc(MiB)
+        xseg.free(q)
+        print(json.dumps({"bad": len(bad), "errors": errors, "mutated": mutated, "same": same}))
+    """)
+    out = last_json(proc)
+    assert out["errors"] == out["bad"], out
+    assert out["mutated"] > 8 and out["same"] is True, out

@@ -1,0 +1,240 @@
+"""xseg under PyTorch on a GPU. Each case runs in a fresh process, because
+install() must come before CUDA is touched and a process has one allocator.
+Skipped without torch or a GPU, unless XSEG_REQUIRE_GPU=1 makes that a
+failure."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _have_gpu():
+    try:
+        import torch
+    except ImportError:
+        return "no torch"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    if (major, minor) < (2, 3):
+        return f"torch {torch.__version__} is older than 2.3"
+    return None
+
+
+_why = _have_gpu()
+if _why is not None:
+    if os.environ.get("XSEG_REQUIRE_GPU") == "1":
+        raise RuntimeError(f"XSEG_REQUIRE_GPU=1 but {_why}")
+    pytest.skip(_why, allow_module_level=True)
+
+PRELUDE = """
+import json, os, sys, warnings
+import xseg
+xseg.install()
+import torch
+def out(**kw):
+    print("OUT " + json.dumps(kw))
+"""
+
+
+def run(body, env=None, timeout=240):
+    """Run PRELUDE + body as a script in a fresh interpreter and return the
+    dict of its last OUT line."""
+    e = dict(os.environ)
+    e.pop("XSEG_BACKEND", None)
+    e.update(env or {})
+    fd, path = tempfile.mkstemp(suffix=".py", prefix="xseg_gpu_")
+    with os.fdopen(fd, "w") as f:
+        f.write(PRELUDE + textwrap.dedent(body))
+    try:
+        p = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=timeout, env=e)
+    finally:
+        os.unlink(path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    lines = [line for line in p.stdout.splitlines() if line.startswith("OUT ")]
+    assert lines, p.stdout + p.stderr
+    return json.loads(lines[-1][4:])
+
+
+def test_oom_is_torch_out_of_memory_error():
+    r = run("""
+        try:
+            torch.empty(1 << 46, dtype=torch.uint8, device="cuda")
+            out(raised=None)
+        except torch.cuda.OutOfMemoryError as e:
+            x = torch.ones(10, device="cuda")  # still usable after the OOM
+            out(raised=type(e).__name__, msg=str(e), after=float(x.sum()), ooms=torch.cuda.memory_stats()["num_ooms"])
+        """)
+    assert r["raised"] == "OutOfMemoryError"
+    assert r["msg"].startswith("CUDA out of memory."), r["msg"]
+    assert "Tried to allocate" in r["msg"] and "xseg" in r["msg"]
+    assert r["after"] == 10.0 and r["ooms"] >= 1
+
+
+def test_memory_api_counts_xseg_blocks():
+    r = run("""
+        a = torch.empty(10 << 20, dtype=torch.uint8, device="cuda")
+        b = torch.empty(1000, dtype=torch.uint8, device="cuda")
+        c = torch.cuda
+        s = c.memory_stats()
+        nested = c.memory_stats_as_nested_dict()
+        out(alloc=c.memory_allocated(), res=c.memory_reserved(), peak=c.max_memory_allocated(),
+            nested_alloc=nested["allocated_bytes"]["all"]["current"], keys=sorted(s),
+            summary="Allocated memory" in c.memory_summary(), xseg=xseg.memory_allocated())
+        """)
+    assert r["alloc"] == (10 << 20) + 1024 == r["xseg"] == r["nested_alloc"]
+    assert r["res"] >= r["alloc"] and r["peak"] >= r["alloc"]
+    for k in ("inactive_split_bytes.all.current", "num_sync_all_streams", "oversize_allocations.current",
+              "requested_bytes.large_pool.peak", "max_split_size", "num_device_alloc"):
+        assert k in r["keys"]
+    assert r["summary"]
+
+
+def test_empty_cache_and_peaks():
+    r = run("""
+        c = torch.cuda
+        a = torch.empty(200 << 20, dtype=torch.uint8, device="cuda")
+        del a
+        before = c.memory_reserved()
+        c.empty_cache()
+        after = c.memory_reserved()
+        peak = c.max_memory_allocated()
+        c.reset_peak_memory_stats()
+        c.reset_accumulated_memory_stats()
+        out(before=before, after=after, peak=peak, peak_after=c.max_memory_allocated(),
+            acc=c.memory_stats()["allocation.all.allocated"])
+        """)
+    assert r["after"] < r["before"] and r["peak"] >= 200 << 20
+    assert r["peak_after"] < r["peak"] and r["acc"] == 0
+
+
+def test_memory_fraction_is_a_real_limit():
+    r = run("""
+        c = torch.cuda
+        total = c.mem_get_info()[1]
+        c.set_per_process_memory_fraction(0.1)
+        got = c.get_per_process_memory_fraction()
+        try:
+            torch.empty(int(total * 0.12), dtype=torch.uint8, device="cuda")
+            raised = None
+        except torch.cuda.OutOfMemoryError as e:
+            raised = str(e)
+        ok = torch.empty(int(total * 0.05), dtype=torch.uint8, device="cuda").numel() > 0
+        t = xseg.allocate_tensor(int(total * 0.5) // 4, torch.float32)
+        shrunk = t.numel() * 4
+        del t
+        c.set_per_process_memory_fraction(1.0)
+        big = torch.empty(int(total * 0.12), dtype=torch.uint8, device="cuda").numel() > 0
+        out(got=got, raised=raised, ok=ok, shrunk=shrunk, limit=int(total * 0.1), big=big)
+        """)
+    assert abs(r["got"] - 0.1) < 1e-9
+    assert r["raised"] and r["raised"].startswith("CUDA out of memory.") and "limit" in r["raised"]
+    assert r["ok"] and r["big"]
+    assert 0 < r["shrunk"] <= r["limit"]
+
+
+def test_record_stream_goes_through_the_hook():
+    r = run("""
+        s = torch.cuda.Stream()
+        a = torch.ones(1 << 20, device="cuda")
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(4_000_000_000)
+            b = a * 2
+        a.record_stream(s)
+        ptr = a.data_ptr()
+        del a
+        st = torch.cuda.memory_stats()
+        pending = st["active_bytes.all.current"] - st["allocated_bytes.all.current"]
+        c = torch.empty(1 << 20, device="cuda")  # must not reuse a's block while s runs
+        busy = not s.query()
+        out(reused=c.data_ptr() == ptr, busy=busy, pending=pending)
+        """)
+    assert r["pending"] == 4 << 20, "the freed block waits for the recorded stream"
+    assert not (r["busy"] and r["reused"]), "a block recorded on a busy stream was handed out again"
+
+
+def test_memory_viz_snapshot():
+    r = run("""
+        import pickle, tempfile
+        c = torch.cuda
+        c.memory._record_memory_history(max_entries=1000)
+        x = torch.empty(30 << 20, dtype=torch.uint8, device="cuda")
+        y = torch.empty(1000, device="cuda")
+        del x
+        c.empty_cache()
+        p = os.path.join(tempfile.mkdtemp(), "s.pickle")
+        c.memory._dump_snapshot(p)
+        s = pickle.load(open(p, "rb"))
+        from torch.cuda import _memory_viz as mv
+        out(keys=sorted(s), actions=sorted({e["action"] for t in s["device_traces"] for e in t}),
+            seg=sorted(s["segments"][0]), blk=sorted(s["segments"][0]["blocks"][0]),
+            plot=len(mv.trace_plot(s)) > 0, segsum=len(mv.segsum(s)) > 0)
+        """)
+    assert {"segments", "device_traces"} <= set(r["keys"])
+    assert {"alloc", "free_requested", "free_completed", "segment_map", "segment_unmap"} <= set(r["actions"])
+    assert {"address", "total_size", "blocks", "segment_type", "stream"} <= set(r["seg"])
+    assert {"address", "size", "state", "requested_size"} <= set(r["blk"])
+    assert r["plot"] and r["segsum"]
+
+
+def test_mempool():
+    r = run("""
+        c = torch.cuda
+        pool = c.MemPool()
+        with c.use_mem_pool(pool):
+            a = torch.ones(1 << 20, device="cuda")
+        b = torch.ones(1 << 20, device="cuda")
+        segs = pool.snapshot()
+        inside = lambda t: any(s["address"] <= t.data_ptr() < s["address"] + s["total_size"] for s in segs)
+        try:
+            c.MemPool(use_on_oom=True)
+            err = None
+        except xseg.XsegError as e:
+            err = str(e)
+        out(a=inside(a), b=inside(b), err=err, val=float(a.sum()))
+        """)
+    assert r["a"] and not r["b"] and r["val"] == float(1 << 20)
+    assert r["err"] and "use_on_oom" in r["err"]
+
+
+def test_multiprocessing_queue():
+    r = run("""
+        import torch.multiprocessing as mp
+        def child(q, r):
+            t = q.get()
+            r.put((float(t.sum()), t.shape, t.dtype == torch.float16, t.stride()))
+        if __name__ == "__main__":
+            ctx = mp.get_context("spawn")
+            q, res = ctx.Queue(), ctx.Queue()
+            t = torch.arange(4096, device="cuda", dtype=torch.float16).view(64, 64)[:, 8:40]
+            p = ctx.Process(target=child, args=(q, res))
+            p.start()
+            q.put(t)
+            got = res.get(timeout=120)
+            p.join(60)
+            out(sum=got[0], want=float(t.sum()), shape=list(got[1]), f16=got[2], stride=list(got[3]), code=p.exitcode)
+        """)
+    assert r["sum"] == r["want"] and r["shape"] == [64, 32] and r["f16"] and r["stride"] == [64, 1]
+    assert r["code"] == 0
+
+
+def test_uninstall_and_context_manager_exit_quietly():
+    r = run("""
+        a = torch.empty(100 << 20, dtype=torch.uint8, device="cuda")
+        del a
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with xseg.installed():
+                b = torch.ones(10, device="cuda")
+        before = torch.cuda.memory_reserved()
+        xseg.uninstall()
+        out(reserved=torch.cuda.memory_reserved(), before=before, still=xseg.is_installed())
+        """)
+    assert r["reserved"] <= r["before"]

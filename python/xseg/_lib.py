@@ -1,0 +1,382 @@
+"""The ctypes layer over libxseg.so: loading it, declaring every function of
+cmd/libxseg/xseg.h, and thin Python functions over them. Nothing here
+imports torch; the host backend (``XSEG_BACKEND=host``) runs all of it on a
+machine without a GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+LIB_NAME = "libxseg.so"
+
+_lock = threading.RLock()
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+
+
+class XsegError(RuntimeError):
+    """A libxseg call failed; the message is libxseg's reason."""
+
+
+class OutOfMemoryError(XsegError, MemoryError):
+    """An allocation through the ctypes layer found no memory. (Allocations
+    PyTorch makes through an installed xseg raise torch.OutOfMemoryError
+    instead.)"""
+
+
+def _candidates() -> List[str]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    parent = os.path.dirname(here)
+    root = os.path.dirname(parent)
+    return [os.path.join(d, LIB_NAME) for d in
+            (here, parent, root, os.path.join(parent, ".gpu-lib"), os.path.join(root, ".gpu-lib"))]
+
+
+def find_library(path: Optional[str] = None) -> str:
+    """The absolute path of libxseg.so: ``path``, else ``$XSEG_LIB``, else
+    the copy inside this package (a wheel ships one), else one in the source
+    tree (``python/``, the repository root, ``.gpu-lib/``). Raises
+    FileNotFoundError naming what was tried."""
+    if path is None:
+        path = os.environ.get("XSEG_LIB") or None
+    if path is not None:
+        path = os.path.abspath(os.fspath(path))
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"xseg: library {path} does not exist")
+        return path
+    tried = _candidates()
+    for p in tried:
+        if os.path.isfile(p):
+            return p
+    raise FileNotFoundError(
+        "xseg: cannot find libxseg.so. Install the package from a wheel (pip install ./python builds "
+        "one with Go), or build it with `go build -buildmode=c-shared -o libxseg.so ./cmd/libxseg` and "
+        "set XSEG_LIB. Tried: " + ", ".join(tried))
+
+
+_c = ctypes
+_VP, _INT, _SZ, _SSZ, _ULL = _c.c_void_p, _c.c_int, _c.c_size_t, _c.c_ssize_t, _c.c_ulonglong
+_SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
+    "xseg_malloc": (_VP, [_SSZ, _INT, _VP]),
+    "xseg_malloc_at_most": (_VP, [_SZ, _SZ, _INT, _VP, _c.POINTER(_SZ)]),
+    "xseg_free": (None, [_VP, _SSZ, _INT, _VP]),
+    "xseg_free_block": (_INT, [_VP, _INT]),
+    "xseg_record_stream": (_INT, [_VP, _VP]),
+    "xseg_stats_json": (_VP, [_INT]),
+    "xseg_snapshot_json": (_VP, [_INT]),
+    "xseg_string_free": (None, [_VP]),
+    "xseg_empty_cache": (_INT, [_INT]),
+    "xseg_reset_peak_stats": (_INT, [_INT]),
+    "xseg_reset_accumulated_stats": (_INT, [_INT]),
+    "xseg_configure": (_INT, [_c.c_char_p]),
+    "xseg_set_log_level": (_INT, [_c.c_char_p]),
+    "xseg_share": (_SSZ, [_VP, _INT, _VP, _SZ]),
+    "xseg_share_for": (_SSZ, [_VP, _INT, _INT, _VP, _SZ]),
+    "xseg_unshare": (_INT, [_c.c_char_p, _SZ]),
+    "xseg_open": (_c.c_int64, [_c.c_char_p, _SZ, _INT, _c.POINTER(_VP), _c.POINTER(_SZ)]),
+    "xseg_close": (_INT, [_c.c_int64]),
+    "xseg_pool_json": (_VP, [_INT, _ULL, _ULL, _INT]),
+    "xseg_pool_restore": (_VP, [_INT, _c.c_char_p, _SZ]),
+    "xseg_pool_retain": (_INT, [_INT, _ULL, _ULL]),
+    "xseg_pool_release": (_INT, [_INT, _ULL, _ULL]),
+    "xseg_malloc_in_pool": (_VP, [_SSZ, _INT, _VP, _ULL, _ULL]),
+    "xseg_set_memory_fraction": (None, [_c.c_double, _INT]),
+    "xseg_memory_fraction": (_INT, [_INT, _c.POINTER(_c.c_double)]),
+    "xseg_set_memory_limit": (_INT, [_INT, _ULL]),
+    "xseg_record_history": (_INT, [_INT, _SZ]),
+    "xseg_history_json": (_VP, [_INT]),
+    "xseg_version": (_c.c_char_p, []),
+    "xseg_last_error": (_c.c_char_p, []),
+}
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    missing = [n for n in _SIGNATURES if not hasattr(lib, n)]
+    if missing:
+        raise XsegError(f"xseg: {lib._name} lacks {', '.join(missing)}: it is older than this package")
+    for name, (res, args) in _SIGNATURES.items():
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, args
+
+
+def load(path: Optional[str] = None) -> ctypes.CDLL:
+    """Load libxseg.so once (see find_library) and return its ctypes.CDLL
+    with every function's signature declared. A second call naming another
+    path raises XsegError: a process has one xseg."""
+    global _lib, _lib_path
+    with _lock:
+        if _lib is not None:
+            if path is not None and os.path.abspath(os.fspath(path)) != _lib_path:
+                raise XsegError(f"xseg: {_lib_path} is already loaded; cannot load {path} too")
+            return _lib
+        p = find_library(path)
+        lib = ctypes.CDLL(p)
+        _declare(lib)
+        _lib, _lib_path = lib, p
+        return lib
+
+
+def loaded() -> Optional[ctypes.CDLL]:
+    """The library if load() has run, else None (never loads it)."""
+    return _lib
+
+
+def library_path() -> Optional[str]:
+    """The path load() loaded, or None."""
+    return _lib_path
+
+
+def last_error() -> Optional[str]:
+    """The text of xseg's most recent failure (any thread), or None."""
+    s = load().xseg_last_error()
+    return s.decode(errors="replace") if s else None
+
+
+def version() -> str:
+    """The library's version string."""
+    return load().xseg_version().decode()
+
+
+def check(rc: int, what: str) -> None:
+    """Raise XsegError with libxseg's reason unless rc is 0."""
+    if rc != 0:
+        raise XsegError(f"xseg: {what} failed: {last_error()}")
+
+
+def call_json(call: Callable[[ctypes.CDLL], Any], what: str) -> Any:
+    """Call a libxseg function that returns a JSON string to free, and
+    return the decoded value."""
+    lib = load()
+    p = call(lib)
+    if not p:
+        raise XsegError(f"xseg: {what} failed: {last_error()}")
+    try:
+        return json.loads(ctypes.string_at(p).decode())
+    finally:
+        lib.xseg_string_free(p)
+
+
+def configure(conf: str) -> None:
+    """Set the configuration (XSEG_CONF syntax, for example
+    ``"oom_max_retries:3,shareable:true"``) applied over $XSEG_CONF. Only
+    before the first allocation; raises ValueError for a string that does
+    not parse, XsegError when it is too late."""
+    lib = load()
+    if lib.xseg_configure(conf.encode()) != 0:
+        err = last_error() or ""
+        if "after first use" in err:
+            raise XsegError(f"xseg: configure({conf!r}): {err}")
+        raise ValueError(f"xseg: configuration {conf!r}: {err}")
+
+
+def set_log_level(level: str) -> None:
+    """Log to standard error at this level: "off", "error", "warn", "info",
+    "debug"."""
+    if load().xseg_set_log_level(str(level).encode()) != 0:
+        raise ValueError(f"xseg: log level {level!r}: {last_error()}")
+
+
+def flatten(d: Dict[str, Any], prefix: str = "", out: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Flatten nested dicts into "a.b.c" keys, as torch.cuda.memory_stats
+    does."""
+    out = {} if out is None else out
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            flatten(v, key + ".", out)
+        else:
+            out[key] = v
+    return out
+
+
+def raw_stats(device: int) -> Dict[str, Any]:
+    """The device's statistics, nested, as libxseg's JSON."""
+    return call_json(lambda lib: lib.xseg_stats_json(int(device)), "stats")
+
+
+def raw_snapshot(device: int) -> Dict[str, Any]:
+    """The device's segments, ranges and blocks, as libxseg's JSON."""
+    return call_json(lambda lib: lib.xseg_snapshot_json(int(device)), "snapshot")
+
+
+def history(device: int) -> List[Dict[str, Any]]:
+    """The recorded allocation events of device, oldest first (see
+    record_history)."""
+    return call_json(lambda lib: lib.xseg_history_json(int(device)), "history")
+
+
+def record_history(device: int, max_entries: int) -> None:
+    """Record the last max_entries allocation events of device (0: stop and
+    drop them)."""
+    check(load().xseg_record_history(int(device), int(max_entries)), "record_history")
+
+
+def empty_cache(device: int = -1) -> None:
+    """Give every whole free page back to the driver (device -1: all)."""
+    check(load().xseg_empty_cache(int(device)), "empty_cache")
+
+
+def reset_peak_stats(device: int = -1) -> None:
+    """Make every peak the current value (device -1: all)."""
+    check(load().xseg_reset_peak_stats(int(device)), "reset_peak_stats")
+
+
+def reset_accumulated_stats(device: int = -1) -> None:
+    """Zero the accumulated counters (allocated/freed totals, retries,
+    OOMs) (device -1: all)."""
+    check(load().xseg_reset_accumulated_stats(int(device)), "reset_accumulated_stats")
+
+
+def set_memory_fraction(fraction: float, device: int) -> None:
+    """Limit the memory xseg reserves on device to fraction of its total
+    memory, as torch.cuda.set_per_process_memory_fraction: growth past it
+    fails as out of memory (after emptying the cache); memory already
+    cached stays usable. 0 allows no growth, 1.0 the whole device."""
+    f = float(fraction)
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"xseg: memory fraction {fraction!r} is not in [0, 1]")
+    load().xseg_set_memory_fraction(f, int(device))
+    if memory_fraction(device) != f:
+        raise XsegError(f"xseg: set_memory_fraction({f}, {device}) failed: {last_error()}")
+
+
+def memory_fraction(device: int) -> float:
+    """The memory fraction set for device (0.0 if none)."""
+    out = ctypes.c_double()
+    check(load().xseg_memory_fraction(int(device), ctypes.byref(out)), "memory_fraction")
+    return out.value
+
+
+def malloc(size: int, device: int = 0, stream: int = 0) -> int:
+    """Allocate size bytes on device for use on stream (a CUstream handle, 0
+    for the default stream); returns the address. Raises
+    OutOfMemoryError or XsegError."""
+    if size < 0:
+        raise ValueError(f"xseg: malloc of a negative size {size}")
+    p = load().xseg_malloc(int(size), int(device), stream or None)
+    if not p and size:
+        _raise_alloc("malloc", size)
+    return p or 0
+
+
+def malloc_at_most(max_bytes: int, min_bytes: int, device: int = 0, stream: int = 0) -> Tuple[int, int]:
+    """Allocate as much as it can of at most max_bytes and at least
+    min_bytes, shrinking the request by the configured oom_size_factor
+    (OOM_SIZE_FACTOR) after each out-of-memory; returns (address, size)."""
+    if not 0 < min_bytes <= max_bytes:
+        raise ValueError(f"xseg: malloc_at_most needs 0 < min_bytes <= max_bytes, got {min_bytes}, {max_bytes}")
+    got = ctypes.c_size_t()
+    p = load().xseg_malloc_at_most(int(max_bytes), int(min_bytes), int(device), stream or None, ctypes.byref(got))
+    if not p:
+        _raise_alloc("malloc_at_most", min_bytes)
+    return p, got.value
+
+
+def _raise_alloc(what: str, size: int) -> None:
+    err = last_error() or "unknown error"
+    if "out of memory" in err:
+        raise OutOfMemoryError(f"xseg: {what} of {size} bytes: {err}")
+    raise XsegError(f"xseg: {what} of {size} bytes failed: {err}")
+
+
+def free(ptr: int, device: int = 0) -> None:
+    """Give back a block malloc returned. Raises XsegError for an address
+    xseg did not hand out."""
+    if not ptr:
+        return
+    check(load().xseg_free_block(ptr, int(device)), "free")
+
+
+def record_stream(ptr: int, stream: int) -> bool:
+    """Mark the block at ptr as used on stream too; False when ptr is not a
+    block of xseg."""
+    rc = load().xseg_record_stream(ptr, stream or None)
+    if rc < 0:
+        raise XsegError(f"xseg: record_stream failed: {last_error()}")
+    return rc == 0
+
+
+# Cross-process sharing (package ipc): pidfd_getfd where the kernel allows
+# it, else the exporter's Unix socket.
+
+DESC_CAP = 1 << 16
+
+
+def share_block(ptr: int, device: int = 0, importers: int = 0) -> bytes:
+    """Share the live block that starts at ptr with other processes and
+    return its descriptor. importers > 0 ends the share by itself once that
+    many importers have opened it (each holds the pages until it closes);
+    0 keeps it until unshare(). The block's pages stay out of reuse while
+    the share is open or any importer holds them, even after free()."""
+    buf = ctypes.create_string_buffer(DESC_CAP)
+    n = load().xseg_share_for(ptr, int(device), int(importers), buf, DESC_CAP)
+    if n < 0:
+        raise XsegError(f"xseg: share failed: {last_error()}")
+    return buf.raw[:n]
+
+
+def unshare(desc: bytes) -> None:
+    """Stop serving new importers of desc; importers that opened it keep
+    their mapping."""
+    check(load().xseg_unshare(bytes(desc), len(desc)), "unshare")
+
+
+class Mapping:
+    """A shared block mapped into this process (open_block). ``ptr`` and
+    ``size`` give its bytes; ``close()`` (or leaving a ``with`` block, or
+    garbage collection) unmaps it once no other Mapping of the same
+    descriptor is open."""
+
+    def __init__(self, handle: int, ptr: int, size: int) -> None:
+        self.handle, self.ptr, self.size = handle, ptr, size
+
+    def close(self) -> None:
+        h, self.handle = self.handle, -1
+        if h > 0 and _lib is not None:
+            check(_lib.xseg_close(h), "close")
+
+    def __enter__(self) -> "Mapping":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if self.handle > 0 and _lib is not None:
+            _lib.xseg_close(self.handle)
+            self.handle = -1
+
+
+def open_block(desc: bytes, device: int = 0) -> Mapping:
+    """Map the block that desc (from share_block in any process) names, for
+    device. It stays valid after the exporter exits."""
+    d = bytes(desc)
+    ptr, size = ctypes.c_void_p(), ctypes.c_size_t()
+    h = load().xseg_open(d, len(d), int(device), ctypes.byref(ptr), ctypes.byref(size))
+    if h < 0:
+        raise XsegError(f"xseg: open failed: {last_error()}")
+    return Mapping(h, ptr.value or 0, size.value)
+
+
+# Private pools (CUDA graphs, torch.cuda.MemPool).
+
+def pool_retain(device: int, pool: Tuple[int, int]) -> None:
+    """Make private pool ``pool`` (a pair of ints) on device if need be and
+    hold one more use of it."""
+    check(load().xseg_pool_retain(int(device), int(pool[0]), int(pool[1])), "pool_retain")
+
+
+def pool_release(device: int, pool: Tuple[int, int]) -> None:
+    """Drop one use of private pool ``pool``; the last gives its memory
+    back."""
+    check(load().xseg_pool_release(int(device), int(pool[0]), int(pool[1])), "pool_release")
+
+
+def pool_allocations(pool: Tuple[int, int], device: int) -> List[int]:
+    """Addresses of the blocks allocated now in private pool ``pool``."""
+    first, second = pool
+    return call_json(lambda lib: lib.xseg_pool_json(int(device), int(first), int(second), 0), "pool_allocations")
