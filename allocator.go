@@ -42,7 +42,8 @@ type Allocator interface {
 	// Snapshot returns the segments, mapped ranges and blocks.
 	Snapshot() Snapshot
 	// Close frees everything the allocator holds. Blocks still allocated
-	// become invalid. Close is idempotent; later calls fail with
-	// vmm.ErrClosed.
+	// become invalid. A Close that fails keeps what it could not give
+	// back and the next Close retries it; after a Close returned nil,
+	// Close returns nil and the other methods fail with vmm.ErrClosed.
 	Close() error
 }

@@ -78,7 +78,8 @@ func (a *Allocator) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 
 // AllocAtMost returns the largest block it can get of at most max and at
 // least min bytes, and its size: it tries max, then shrinks the request by
-// the configured OOMSizeFactor until it reaches min.
+// the configured OOMSizeFactor, by at least 1/64 of max and one small page
+// a step (at most 65 attempts whatever the factor), until it reaches min.
 func (a *Allocator) AllocAtMost(max, min uint64, s vmm.Stream) (vmm.DevicePtr, uint64, error) {
 	return a.heap.AllocAtMost(max, min, s)
 }
@@ -113,8 +114,10 @@ func (a *Allocator) ResetAccumulatedStats() { a.heap.ResetAccumulatedStats() }
 func (a *Allocator) Snapshot() core.Snapshot { return a.heap.Snapshot() }
 
 // Close unmaps and releases everything the allocator holds; blocks still
-// allocated become invalid. It does not close the driver. A second Close
-// returns nil; other methods fail with vmm.ErrClosed after it.
+// allocated become invalid. It does not close the driver. If the driver
+// fails to give something back, Close returns the error and keeps what it
+// holds, and the next Close retries; once a Close has returned nil, later
+// ones return nil too, and other methods fail with vmm.ErrClosed.
 func (a *Allocator) Close() error { return a.heap.Close() }
 
 // DefaultConfig returns core.DefaultConfig: 2 MiB small pages for requests

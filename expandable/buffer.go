@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/internal/pagerun"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -50,12 +51,18 @@ type Buffer struct {
 
 	mu struct {
 		sync.Mutex
-		len    uint64
-		pages  []vmm.Handle // mapped pages in address order, from base
-		loose  []vmm.Handle // unmapped pages whose release failed; Close retries
-		pins   map[*int]int // live pins: the pages each holds
-		st     core.Stats   // as an allocator's, in the large pool
-		closed bool
+		len   uint64
+		pages []vmm.Handle // mapped pages in address order, from base
+		loose []vmm.Handle // unmapped pages whose release failed; Close retries
+		// stuck are pages a failed Grow could not unmap, mapped from
+		// offset stuckAt without access; the next Grow or Close unmaps them.
+		stuck   []vmm.Handle
+		stuckAt uint64
+		pins    map[*int]int // live pins: the pages each holds
+		st      core.Stats   // as an allocator's, in the large pool
+		closed  bool         // by the first Close
+		// unreserved: Close gave the range back, the last thing it does.
+		unreserved bool
 	}
 }
 
@@ -144,7 +151,9 @@ func (b *Buffer) Cap() uint64 {
 // pages): one Create and one Map a page, one SetAccess for the run. The
 // address and the contents stay. Growing past Max fails with an error
 // matching vmm.ErrOutOfMemory that names the sizes; any failure (the
-// driver's OOM included) leaves the buffer as it was.
+// driver's OOM included) leaves Len, Cap and the contents as they were.
+// If the undo of a failed map fails too, the pages it could not unmap are
+// kept (not in Cap) and the next Grow or Close unmaps and releases them.
 func (b *Buffer) Grow(n uint64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -194,39 +203,29 @@ func (b *Buffer) Stats() core.Stats {
 	return b.mu.st
 }
 
-// mapRun creates and maps count pages at offset off and sets their access
-// with one call. On failure it unmaps and releases what it made.
+// mapRun creates count pages and maps them at offset off, setting their
+// access with one call. On failure it releases what it made; pages whose
+// unmap failed in the undo are kept as stuck (the driver has them mapped
+// there), and a later Grow or Close unmaps and releases them. Stuck pages
+// of an earlier failure are unmapped first: the run may cover them.
 func (b *Buffer) mapRun(off uint64, count int) error {
-	made := make([]vmm.Handle, 0, count)
-	undo := func(mapped int) error {
-		var errs []error
-		for i := mapped - 1; i >= 0; i-- {
-			if err := b.d.Unmap(b.base.Add(off+uint64(i)*b.ps), b.ps); err != nil {
-				errs = append(errs, fmt.Errorf("undo: unmapping page at %v: %w", b.base.Add(off+uint64(i)*b.ps), err))
-			}
-		}
-		for _, h := range made {
-			if err := b.d.Release(h); err != nil {
-				errs = append(errs, fmt.Errorf("undo: releasing page %#x: %w", uint64(h), err))
-			}
-		}
-		return errors.Join(errs...)
+	if err := b.unstick(); err != nil {
+		return err
 	}
+	made := make([]vmm.Handle, 0, count)
 	for i := range count {
 		h, err := b.d.Create(b.dev, b.ps, b.types)
 		if err != nil {
-			return errors.Join(fmt.Errorf("creating page %d of %d (%d bytes): %w", i+1, count, b.ps, err), undo(i))
+			return errors.Join(fmt.Errorf("creating page %d of %d (%d bytes): %w", i+1, count, b.ps, err), b.release(made))
 		}
 		made = append(made, h)
-		at := b.base.Add(off + uint64(i)*b.ps)
-		if err := b.d.Map(at, b.ps, h, 0); err != nil {
-			return errors.Join(fmt.Errorf("mapping page %d of %d at %v: %w", i+1, count, at, err), undo(i))
-		}
+	}
+	left, err := pagerun.Map(b.d, b.base.Add(off), b.ps, made, b.rw)
+	if err != nil {
+		b.mu.stuck, b.mu.stuckAt = made[:left], off
+		return errors.Join(err, b.release(made[left:]))
 	}
 	size := uint64(count) * b.ps
-	if err := b.d.SetAccess(b.base.Add(off), size, b.rw); err != nil {
-		return errors.Join(fmt.Errorf("setting access to %d pages at %v: %w", count, b.base.Add(off), err), undo(count))
-	}
 	b.mu.pages = append(b.mu.pages, made...)
 	st := &b.mu.st
 	st.ReservedBytes.Add(core.Large, int64(size))
@@ -234,4 +233,31 @@ func (b *Buffer) mapRun(off uint64, count int) error {
 	st.PagesCreated += int64(count)
 	st.SetAccessCalls++
 	return nil
+}
+
+// unstick unmaps the pages a failed undo left mapped and releases them.
+// On error they stay stuck.
+func (b *Buffer) unstick() error {
+	if len(b.mu.stuck) == 0 {
+		return nil
+	}
+	if err := pagerun.Unmap(b.d, b.base.Add(b.mu.stuckAt), b.ps, len(b.mu.stuck)); err != nil {
+		return fmt.Errorf("pages left mapped by a failed undo: %w", err)
+	}
+	err := b.release(b.mu.stuck)
+	b.mu.stuck = nil
+	return err
+}
+
+// release releases unmapped pages; those that fail go to loose, which
+// Close retries.
+func (b *Buffer) release(hs []vmm.Handle) error {
+	var errs []error
+	for _, h := range hs {
+		if err := b.d.Release(h); err != nil {
+			b.mu.loose = append(b.mu.loose, h)
+			errs = append(errs, fmt.Errorf("releasing page %#x: %w", uint64(h), err))
+		}
+	}
+	return errors.Join(errs...)
 }

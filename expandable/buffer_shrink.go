@@ -58,33 +58,37 @@ func (b *Buffer) unmapTail(keep int) error {
 }
 
 // Close unmaps and releases every page and gives the reservation back
-// (accessible -> reserved -> none). It does not close the driver. Close is
-// idempotent: a second call returns nil; other methods fail with
-// vmm.ErrClosed after it. Pinned pages are unmapped too: processes that
-// imported them keep their own references. If the driver fails, Close still marks the
-// buffer closed and returns what failed (the driver's Usage then shows
-// the leak).
+// (accessible -> reserved -> none). It does not close the driver. Other
+// methods fail with vmm.ErrClosed after the first Close. Pinned pages are
+// unmapped too: processes that imported them keep their own references.
+// If the driver fails, Close returns what failed and keeps what it could
+// not give back; a later Close tries again and returns an error until
+// everything is given back. Once a Close has returned nil, later calls
+// return nil.
 func (b *Buffer) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.mu.closed {
+	if b.mu.closed && b.mu.unreserved {
 		return nil
 	}
-	b.mu.closed = true
-	err := b.unmapTail(0)
-	for _, h := range b.mu.loose {
-		if rerr := b.d.Release(h); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("releasing page %#x: %w", uint64(h), rerr))
-		}
+	if !b.mu.closed {
+		b.mu.closed, b.mu.pins = true, nil
+		b.setLen(0)
 	}
-	b.mu.loose, b.mu.pins = nil, nil
-	if len(b.mu.pages) == 0 {
+	err := errors.Join(b.unmapTail(0), b.unstick())
+	loose := b.mu.loose
+	b.mu.loose = nil
+	err = errors.Join(err, b.release(loose))
+	if len(b.mu.pages) == 0 && len(b.mu.stuck) == 0 && len(b.mu.loose) == 0 {
+		// The range goes last: a page still held keeps the buffer open
+		// to another Close.
 		if uerr := b.d.Unreserve(b.base, b.max); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("unreserving %d bytes at %v: %w", b.max, b.base, uerr))
+		} else {
+			b.mu.unreserved = true
+			b.mu.st.Segments.Add(core.Large, -1)
 		}
 	}
-	b.setLen(0)
-	b.mu.st.Segments.Add(core.Large, -1)
 	if err != nil {
 		return fmt.Errorf("buffer: closing: %w", err)
 	}

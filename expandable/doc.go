@@ -6,9 +6,12 @@
 //
 // The allocator serves one device. Requests are rounded up to 512 bytes
 // and sorted into two pools: small (up to Config.SmallLimit, 1 MiB by
-// default) and large. Each (stream, pool) that is used gets one segment: an
+// default) and large. The default stream's pools each get one segment: an
 // address range as large as the device's memory, reserved at first use
-// and never moved. Physical pages (2 MiB for the small pool, 20 MiB for the
+// and never moved. Any other (stream, pool) reserves what it needs: at
+// least 1 GiB or 8 times the request, and a new segment twice the size of
+// its largest when one is full (internal/core decides), so a thousand
+// streams do not exhaust the address space. Physical pages (2 MiB for the small pool, 20 MiB for the
 // large pool by default; one driver handle each) are mapped into the
 // segment on demand, so a segment is a run of mapped pages with unmapped
 // holes, and the block core (package internal/core) tiles it with blocks in

@@ -3,9 +3,11 @@ package expandable
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/internal/pagerun"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -20,12 +22,13 @@ type pages struct {
 	d     vmm.Driver
 	dev   vmm.Device
 	cfg   core.Config
-	total uint64           // the device's memory: the size of a reservation
+	total uint64           // the device's memory
 	types vmm.HandleType   // what new pages can be exported as
 	rw    []vmm.AccessDesc // the owner's access: read-write for dev
 
 	cache      [2][]vmm.Handle // unmapped pages kept for reuse, by pool
 	cacheBytes [2]uint64
+	stuckBytes [2]uint64 // the pages of every segment's stuck runs, by pool
 
 	mu struct {
 		sync.Mutex
@@ -46,6 +49,7 @@ type pages struct {
 // by page index (0 where none is mapped).
 type segPages struct {
 	handles []vmm.Handle
+	stuck   []stuckRun // pages a failed Map left mapped in a hole
 }
 
 var _ core.Backing = (*pages)(nil)
@@ -57,11 +61,11 @@ func (p *pages) pageSize(pool core.Pool) uint64 {
 	return p.cfg.LargePageSize
 }
 
-// NewSegment reserves a range of the device's whole memory (more if size
-// asks for it), rounded up to the pool's page size. none -> reserved.
+// NewSegment reserves size bytes, the address space the core sizes for
+// the segment, rounded up to the pool's page size. none -> reserved.
 func (p *pages) NewSegment(seg *core.Seg, size uint64, _ *core.Stats) error {
 	ps := p.pageSize(seg.Pool)
-	n := roundUp(max(p.total, size), ps)
+	n := roundUp(size, ps)
 	ptr, err := p.d.Reserve(n, 0)
 	if err != nil {
 		return fmt.Errorf("reserving %d bytes: %w", n, err)
@@ -77,13 +81,18 @@ func (p *pages) NewSegment(seg *core.Seg, size uint64, _ *core.Stats) error {
 	return nil
 }
 
-// DropSegment gives the reservation back. reserved -> none.
+// DropSegment unmaps the segment's stuck pages into the cache and gives
+// the reservation back. reserved -> none. On error the segment is kept,
+// and a later DropSegment tries again.
 func (p *pages) DropSegment(seg *core.Seg, _ *core.Stats) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.unstickLocked(seg, 0, math.MaxInt); err != nil {
+		return err
+	}
 	if err := p.d.Unreserve(seg.Base, seg.Size); err != nil {
 		return err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	delete(p.mu.segs, seg)
 	return nil
 }
@@ -103,7 +112,9 @@ func (p *pages) accessLocked() []vmm.AccessDesc {
 // takes (creates) every page of the run before it maps the first, as
 // PyTorch's expandable segments do: the driver is quicker with a run of
 // like calls than with creates and maps taking turns. On error it unmaps
-// what it mapped and keeps or releases the pages it took.
+// what it mapped and keeps or releases the pages it took; pages whose
+// unmap failed too stay in the segment's books as stuck (see stuckRun).
+// Stuck pages in the run are unmapped first: mapping over them would fail.
 func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stats) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -114,6 +125,9 @@ func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stat
 	if need := first + n; need > len(sp.handles) {
 		sp.handles = append(sp.handles, make([]vmm.Handle, need-len(sp.handles))...)
 	}
+	if err := p.unstickLocked(seg, first, first+n); err != nil {
+		return fmt.Errorf("mapping %d pages at %v: %w", n, ptr, err)
+	}
 	run := sp.handles[first : first+n]
 	for i := range run {
 		h, err := p.takePage(seg.Pool, st)
@@ -122,20 +136,58 @@ func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stat
 		}
 		run[i] = h
 	}
-	for i, h := range run {
-		at := ptr.Add(uint64(i) * ps)
-		if err := p.d.Map(at, ps, h, 0); err != nil {
-			err = fmt.Errorf("mapping page %d of %d at %v: %w", i+1, n, at, err)
-			return errors.Join(err, p.putPages(seg.Pool, run[i:]), p.unmapRun(seg, ptr, i, st))
-		}
-		st.Maps++
+	left, err := pagerun.Map(p.d, ptr, ps, run, p.accessLocked())
+	if err != nil {
+		p.stick(seg, first, left)
+		return errors.Join(err, p.putPages(seg.Pool, run[left:]))
 	}
+	st.Maps += int64(n)
 	st.SetAccessCalls++
-	if err := p.d.SetAccess(ptr, size, p.accessLocked()); err != nil {
-		err = fmt.Errorf("setting access to %d pages at %v: %w", n, ptr, err)
-		return errors.Join(err, p.unmapRun(seg, ptr, n, st))
-	}
 	return nil
+}
+
+// stuckRun is a run of pages that a failed Map could not unmap: the driver
+// has them mapped (their handles stay in segPages.handles) while the core
+// counts their addresses as a hole. Forgetting them made every later
+// growth into the hole fail on the overlap; kept, they are unmapped by the
+// next Map over them, by ReleaseCache (EmptyCache, Close) and by
+// DropSegment, and count as cached bytes (reserved) until then.
+type stuckRun struct{ first, n int }
+
+// stick records n pages from page first of seg as stuck. p.mu is held.
+func (p *pages) stick(seg *core.Seg, first, n int) {
+	if n == 0 {
+		return
+	}
+	sp := seg.Data.(*segPages)
+	sp.stuck = append(sp.stuck, stuckRun{first, n})
+	p.stuckBytes[seg.Pool] += uint64(n) * seg.PageSize
+}
+
+// unstickLocked unmaps the stuck runs of seg that overlap pages [lo, hi)
+// and puts their pages in the cache (or releases them). A run whose unmap
+// fails again stays stuck, and the error says so. p.mu is held.
+func (p *pages) unstickLocked(seg *core.Seg, lo, hi int) error {
+	sp := seg.Data.(*segPages)
+	var errs []error
+	keep := sp.stuck[:0]
+	for _, r := range sp.stuck {
+		if r.first >= hi || r.first+r.n <= lo {
+			keep = append(keep, r)
+			continue
+		}
+		at := seg.Base.Add(uint64(r.first) * seg.PageSize)
+		if err := pagerun.Unmap(p.d, at, seg.PageSize, r.n); err != nil {
+			errs = append(errs, fmt.Errorf("pages left mapped by a failed undo: %w", err))
+			keep = append(keep, r)
+			continue
+		}
+		p.stuckBytes[seg.Pool] -= uint64(r.n) * seg.PageSize
+		errs = append(errs, p.putPages(seg.Pool, sp.handles[r.first:r.first+r.n]))
+	}
+	clear(sp.stuck[len(keep):])
+	sp.stuck = keep
+	return errors.Join(errs...)
 }
 
 // putPages gives back pages taken for a run that were not mapped, and
@@ -147,20 +199,6 @@ func (p *pages) putPages(pool core.Pool, hs []vmm.Handle) error {
 		hs[i] = 0
 	}
 	return errors.Join(errs...)
-}
-
-// unmapRun undoes a partial Map of n pages at ptr. p.mu is held.
-func (p *pages) unmapRun(seg *core.Seg, ptr vmm.DevicePtr, n int, st *core.Stats) error {
-	if n == 0 {
-		return nil
-	}
-	done, err := p.unmapLocked(seg, ptr, uint64(n)*seg.PageSize, st)
-	st.Unmaps -= int64(done / seg.PageSize) // an undo, not an unmap of the policy
-	st.Maps -= int64(done / seg.PageSize)
-	if err != nil {
-		return fmt.Errorf("undoing the mapping (pages stay mapped): %w", err)
-	}
-	return nil
 }
 
 // Unmap unmaps pages one by one (mapped/accessible -> reserved) and keeps
@@ -230,12 +268,21 @@ func (p *pages) putPage(pool core.Pool, h vmm.Handle) error {
 	return nil
 }
 
-// CachedBytes is the size of the cached pages of pool.
-func (p *pages) CachedBytes(pool core.Pool) uint64 { return p.cacheBytes[pool] }
+// CachedBytes is the size of the cached pages of pool and of its stuck
+// pages: physical memory held outside the mapped blocks.
+func (p *pages) CachedBytes(pool core.Pool) uint64 {
+	return p.cacheBytes[pool] + p.stuckBytes[pool]
+}
 
-// ReleaseCache releases every cached page; those that fail stay cached.
+// ReleaseCache unmaps every stuck page into the cache, then releases every
+// cached page; those that fail stay stuck or cached, for the next call.
 func (p *pages) ReleaseCache(_ *core.Stats) error {
 	var errs []error
+	p.mu.Lock()
+	for seg := range p.mu.segs {
+		errs = append(errs, p.unstickLocked(seg, 0, math.MaxInt))
+	}
+	p.mu.Unlock()
 	for pool := range p.cache {
 		keep := p.cache[pool][:0]
 		for _, h := range p.cache[pool] {

@@ -67,7 +67,7 @@ func (t Token) Equal(u Token) bool { return subtle.ConstantTimeCompare(t[:], u[:
 // IsZero reports whether t is all zeroes (never a token NewToken makes).
 func (t Token) IsZero() bool { return t == Token{} }
 
-// Limits of the wire format (version 1).
+// Limits of the wire format (versions 1 and 2).
 const (
 	// MinPageSize and MaxPageSize bound Descriptor.PageSize, which is a
 	// multiple of MinPageSize.
@@ -122,6 +122,13 @@ type Descriptor struct {
 	// IPC is the CUDA legacy IPC handle of the one page (an allocation):
 	// set for KindCUDAIPC only, all zero otherwise.
 	IPC IPCHandle
+	// HasAuth says that AuthFD is set: the exporter's fd number of the
+	// share's authentication memfd (see NewAuth), which an importer
+	// fetches with pidfd_getfd before the pages to check that the fd
+	// numbers still name this share's pages. KindPosixFD with PageFDs
+	// only; a descriptor with it is written as wire version 2.
+	HasAuth bool
+	AuthFD  int
 }
 
 // Bytes returns PageSize*PageCount, the size of the shared extent. Call it

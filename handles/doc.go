@@ -15,8 +15,11 @@
 // count, where the block lies inside the pages, the exporter's socket, a
 // random token, and the handles themselves where they can travel as bytes
 // (fabric handles; for POSIX fds, the exporter's fd numbers for
-// pidfd_getfd). [Descriptor.MarshalBinary] writes version 1 of the wire
-// format (see wire.go for the layout); [ParseDescriptor] reads it.
+// pidfd_getfd, with the fd number of the share's authentication memfd that
+// vouches for them: see [NewAuth]). [Descriptor.MarshalBinary] writes
+// version 2 of the wire format for a descriptor with an authentication fd
+// and version 1, which older readers read, for any other (see wire.go for
+// the layout); [ParseDescriptor] reads both.
 //
 // Descriptors arrive from other processes, so ParseDescriptor treats its
 // input as hostile: it checks every length before reading, every count
@@ -30,8 +33,9 @@
 //
 // A descriptor does not authorise anything by itself: the exporter's socket
 // checks the peer's credentials and the token, and pidfd_getfd needs ptrace
-// rights over the exporter. Keep descriptors as secret as the memory they
-// share.
+// rights over the exporter, and the importer checks what it fetched
+// against the share's authentication memfd ([Descriptor.CheckAuth]). Keep
+// descriptors as secret as the memory they share.
 //
 // # Concurrency
 //

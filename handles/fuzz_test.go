@@ -15,7 +15,7 @@ import (
 func FuzzParseDescriptor(f *testing.F) {
 	noFDs := validPosix()
 	noFDs.PageFDs = nil
-	for _, d := range []*Descriptor{validPosix(), noFDs, validFabric(), validCUDAIPC()} {
+	for _, d := range []*Descriptor{validPosix(), noFDs, validFabric(), validCUDAIPC(), validAuthed()} {
 		b, err := d.MarshalBinary()
 		if err != nil {
 			f.Fatal(err)

@@ -10,12 +10,12 @@ import (
 	"github.com/xseg-dev/xseg/vmm"
 )
 
-// Wire format, version 1. All integers are little endian; fields appear in
-// exactly this order and nothing follows the last one:
+// Wire format, versions 1 and 2. All integers are little endian; fields
+// appear in exactly this order and nothing follows the last one:
 //
 //	off  size  field
 //	  0     4  magic "XSGD"
-//	  4     2  version (1)
+//	  4     2  version (1 or 2)
 //	  6     2  kind (1 posix-fd, 2 fabric, 3 cuda-ipc)
 //	  8     4  exporter pid
 //	 12    16  device UUID
@@ -29,14 +29,29 @@ import (
 //	74+n    4  handle count c
 //	78+n     c handles: int32 fd numbers (posix-fd), 64-byte fabric handles,
 //	         or one 64-byte CUDA IPC handle (cuda-ipc; page count 1)
+//	         version 2 only:
+//	  ...   4  the exporter's fd number of the share's authentication
+//	         memfd (see auth.go); posix-fd with fd numbers only
 //
 // Kind 3 was added without a new version: the layout is unchanged, and a
 // reader that predates it refuses the descriptor as of an unknown kind.
+// Version 2 adds the authentication fd, without which the fd numbers are
+// not to be trusted (pidfd_getfd would copy whatever the exporter has open
+// at that number now). A descriptor with one is written as version 2, so
+// that a reader that predates it refuses it instead of trusting bare fd
+// numbers; every other descriptor is still written as version 1, which
+// older readers read as before. This package reads both; a version-1
+// descriptor with fd numbers parses (the socket transport serves it), and
+// the importer's pidfd transport refuses it.
 const (
-	// Version is the wire format version this package writes and reads.
-	Version    = 1
-	magic      = "XSGD"
-	headerSize = 74
+	// Version is the newest wire format version this package writes and
+	// reads.
+	Version = 2
+	// VersionNoAuth is the version of a descriptor without an
+	// authentication fd.
+	VersionNoAuth = 1
+	magic         = "XSGD"
+	headerSize    = 74
 )
 
 // MarshalBinary validates d and encodes it in the wire format.
@@ -45,9 +60,9 @@ func (d *Descriptor) MarshalBinary() ([]byte, error) {
 		return nil, err
 	}
 	le := binary.LittleEndian
-	b := make([]byte, 0, headerSize+len(d.Endpoint)+4+len(d.PageFDs)*4+len(d.Fabric)*64)
+	b := make([]byte, 0, headerSize+len(d.Endpoint)+4+len(d.PageFDs)*4+len(d.Fabric)*64+4)
 	b = append(b, magic...)
-	b = le.AppendUint16(b, Version)
+	b = le.AppendUint16(b, d.version())
 	b = le.AppendUint16(b, uint16(d.Kind))
 	b = le.AppendUint32(b, uint32(d.ExporterPID))
 	b = append(b, d.DeviceUUID[:]...)
@@ -68,7 +83,18 @@ func (d *Descriptor) MarshalBinary() ([]byte, error) {
 	if d.Kind == KindCUDAIPC {
 		b = append(b, d.IPC[:]...)
 	}
+	if d.HasAuth {
+		b = le.AppendUint32(b, uint32(d.AuthFD))
+	}
 	return b, nil
+}
+
+// version is the wire version d is written in: 2 only when it needs it.
+func (d *Descriptor) version() uint16 {
+	if d.HasAuth {
+		return Version
+	}
+	return VersionNoAuth
 }
 
 // ParseDescriptor decodes and validates a descriptor in the wire format.
@@ -80,8 +106,9 @@ func ParseDescriptor(b []byte) (*Descriptor, error) {
 	if m := r.bytes(4); m != nil && string(m) != magic {
 		return nil, invalid("bad magic %q", m)
 	}
-	if v := r.u16(); r.err == nil && v != Version {
-		return nil, invalid("unknown version %d (this build reads %d)", v, Version)
+	v := r.u16()
+	if r.err == nil && v != Version && v != VersionNoAuth {
+		return nil, invalid("unknown version %d (this build reads %d and %d)", v, VersionNoAuth, Version)
 	}
 	d := &Descriptor{Kind: Kind(r.u16()), ExporterPID: int(r.u32())}
 	copy(d.DeviceUUID[:], r.bytes(16))
@@ -100,6 +127,12 @@ func ParseDescriptor(b []byte) (*Descriptor, error) {
 	}
 	if err := d.readHandles(&r, n); err != nil {
 		return nil, err
+	}
+	if v == Version {
+		d.AuthFD, d.HasAuth = int(int32(r.u32())), true
+		if r.err != nil {
+			return nil, r.err
+		}
 	}
 	if len(r.b) != 0 {
 		return nil, invalid("%d trailing bytes", len(r.b))
@@ -205,10 +238,29 @@ func (d *Descriptor) Validate() error {
 			return invalid("fd number %d of page %d", fd, i)
 		}
 	}
+	if err := d.validateAuth(); err != nil {
+		return err
+	}
 	for i, f := range d.Fabric {
 		if f.IsZero() {
 			return invalid("zero fabric handle of page %d", i)
 		}
+	}
+	return nil
+}
+
+// validateAuth checks the authentication fd against the kind and the fd
+// numbers it vouches for.
+func (d *Descriptor) validateAuth() error {
+	switch {
+	case !d.HasAuth && d.AuthFD != 0:
+		return invalid("authentication fd %d without HasAuth", d.AuthFD)
+	case !d.HasAuth:
+		return nil
+	case d.Kind != KindPosixFD || len(d.PageFDs) == 0:
+		return invalid("authentication fd in a %s descriptor without fd numbers", d.Kind)
+	case d.AuthFD < 0 || d.AuthFD > math.MaxInt32:
+		return invalid("authentication fd number %d", d.AuthFD)
 	}
 	return nil
 }

@@ -34,10 +34,17 @@ func validFabric() *Descriptor {
 	return d
 }
 
+// validAuthed is validPosix with an authentication fd: wire version 2.
+func validAuthed() *Descriptor {
+	d := validPosix()
+	d.HasAuth, d.AuthFD = true, 6
+	return d
+}
+
 func TestDescriptorRoundTrip(t *testing.T) {
 	noFDs := validPosix()
 	noFDs.PageFDs = nil
-	for name, d := range map[string]*Descriptor{"posix": validPosix(), "posix-socket-only": noFDs, "fabric": validFabric()} {
+	for name, d := range map[string]*Descriptor{"posix": validPosix(), "posix-socket-only": noFDs, "fabric": validFabric(), "authed": validAuthed()} {
 		t.Run(name, func(t *testing.T) {
 			b, err := d.MarshalBinary()
 			require.NoError(t, err)
@@ -55,7 +62,7 @@ func TestDescriptorLayout(t *testing.T) {
 	require.NoError(t, err)
 	le := binary.LittleEndian
 	require.Equal(t, "XSGD", string(b[0:4]))
-	require.EqualValues(t, Version, le.Uint16(b[4:]))
+	require.EqualValues(t, VersionNoAuth, le.Uint16(b[4:]), "without an authentication fd: version 1, as before")
 	require.EqualValues(t, KindPosixFD, le.Uint16(b[6:]))
 	require.EqualValues(t, 4242, le.Uint32(b[8:]))
 	require.Equal(t, d.DeviceUUID[:], b[12:28])
@@ -108,9 +115,12 @@ func TestParseRejectsFraming(t *testing.T) {
 	good := requireTruncationsRejected(t, validFabric())
 
 	bad := append([]byte(nil), good...)
-	bad[4] = 2
+	bad[4] = 3
 	_, err := ParseDescriptor(bad)
-	require.ErrorContains(t, err, "unknown version 2")
+	require.ErrorContains(t, err, "unknown version 3")
+	bad[4] = 2
+	_, err = ParseDescriptor(bad)
+	require.ErrorIs(t, err, vmm.ErrInvalid, "version 2 without its authentication fd")
 	bad = append([]byte(nil), good...)
 	bad[0] = 'Y'
 	_, err = ParseDescriptor(bad)
@@ -151,7 +161,7 @@ func TestTokens(t *testing.T) {
 func marshalUnchecked(d *Descriptor) []byte {
 	le := binary.LittleEndian
 	b := append([]byte(magic), 0, 0, 0, 0)
-	le.PutUint16(b[4:], Version)
+	le.PutUint16(b[4:], d.version())
 	le.PutUint16(b[6:], uint16(d.Kind))
 	b = le.AppendUint32(b, uint32(d.ExporterPID))
 	b = append(b, d.DeviceUUID[:]...)
@@ -171,6 +181,9 @@ func marshalUnchecked(d *Descriptor) []byte {
 	}
 	if !d.IPC.IsZero() {
 		b = append(b, d.IPC[:]...)
+	}
+	if d.HasAuth {
+		b = le.AppendUint32(b, uint32(d.AuthFD))
 	}
 	return b
 }

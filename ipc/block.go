@@ -33,7 +33,7 @@ type BlockSource interface {
 func (e *Exporter) ShareBlock(drv vmm.Driver, src BlockSource, ptr vmm.DevicePtr) (*Share, error) {
 	pin, err := src.PinBlock(ptr)
 	if err != nil {
-		return nil, fmt.Errorf("pinning block %v: %w", ptr, err)
+		return nil, fmt.Errorf("sharing: %w", err) // PinBlock's errors name the block
 	}
 	info, err := drv.DeviceInfo(pin.Device)
 	if err != nil {

@@ -143,12 +143,8 @@ func childExport() error {
 	const pageSize, pages = 1 << 20, 4
 	fds := make([]*handles.FD, pages)
 	for i := range fds {
-		raw, err := unix.MemfdCreate("xseg-export", unix.MFD_CLOEXEC)
-		if err != nil {
-			return err
-		}
-		fds[i], _ = handles.NewFD(raw)
-		if err := unix.Ftruncate(raw, pageSize); err != nil {
+		var err error
+		if fds[i], err = sealedMemfd("xseg-export", pageSize); err != nil {
 			return err
 		}
 	}

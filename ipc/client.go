@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -100,16 +101,27 @@ func exchange(ctx context.Context, conn *net.UnixConn, d *handles.Descriptor, fl
 	if int(cred.Pid) != d.ExporterPID {
 		return 0, fmt.Errorf("socket %q is served by pid %d, not the exporter pid %d: %w", d.Endpoint, cred.Pid, d.ExporterPID, ErrRefused)
 	}
-	if _, err := conn.Write(encodeRequest(d.Token, flags)); err != nil {
-		return 0, fmt.Errorf("sending request: %w", err)
+	_, werr := conn.Write(encodeRequest(d.Token, flags))
+	count, err := readReply(conn, d, flags&flagLeaseOnly != 0)
+	if werr != nil && !errors.Is(err, ErrRefused) {
+		// A refusal is sent before the request is read, so the write may
+		// fail (EPIPE) with the reply that says why already queued: it
+		// is the better error. Otherwise the write's is.
+		return 0, fmt.Errorf("sending request: %w", werr)
 	}
-	return readReply(conn, d, flags&flagLeaseOnly != 0)
+	return count, err
 }
 
 // readReply reads the reply header and turns a refusal into an error.
 func readReply(conn *net.UnixConn, d *handles.Descriptor, leaseOnly bool) (int, error) {
 	buf := make([]byte, replyHeader+maxMessage+1)
 	n, stray, err := recvMsg(conn, buf)
+	if errors.Is(err, syscall.ECONNRESET) {
+		// The exporter closed with our request unread (a refusal): the
+		// kernel reports that once, before the reply still queued.
+		closeRaw(stray)
+		n, stray, err = recvMsg(conn, buf)
+	}
 	closeRaw(stray)
 	if err != nil {
 		return 0, fmt.Errorf("reading reply: %w", err)
@@ -121,6 +133,8 @@ func readReply(conn *net.UnixConn, d *handles.Descriptor, leaseOnly bool) (int, 
 	switch {
 	case err != nil:
 		return 0, err
+	case status == statusUnknownShare:
+		return 0, fmt.Errorf("exporter pid %d said %q: %w", d.ExporterPID, msg, ErrNotOffered)
 	case status != statusOK:
 		return 0, fmt.Errorf("exporter pid %d said %q: %w", d.ExporterPID, msg, ErrRefused)
 	case leaseOnly:

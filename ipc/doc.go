@@ -11,8 +11,9 @@
 // [BlockSource] ([Exporter.ShareBlock]: the allocator pins the pages behind
 // the block so they are not reused, unmapped or released while shared; the
 // share unpins them when it closes). The share keeps its fds open at the
-// numbers its descriptor names until [Share.Close]. The caller sends the
-// descriptor bytes ([Share.MarshalBinary]) any way it likes.
+// numbers its descriptor names until [Share.Close], with a small sealed
+// authentication memfd that vouches for them (handles.NewAuth). The caller
+// sends the descriptor bytes ([Share.MarshalBinary]) any way it likes.
 //
 // # Transports
 //
@@ -23,14 +24,30 @@
 //   - [TransportPidfd]: pidfd_open(exporter pid) + pidfd_getfd(fd number).
 //     Needs ptrace rights over the exporter; in a container without
 //     CAP_SYS_PTRACE, or under another uid, it fails with EPERM.
-//     [ProbePidfdGetfd] says whether the call exists at all here.
+//     [ProbePidfdGetfd] says whether the call exists at all here. A bare
+//     fd number is not trusted: once a share closes, its numbers are
+//     reused by the next one, and a forged descriptor could name any fd
+//     of the exporter. So the importer first fetches the share's
+//     authentication memfd, checks that it holds the descriptor's token
+//     and fd numbers, checks each page fetched against the identities it
+//     lists, and fetches it again at the end: the exporter closes it
+//     before the pages, so finding the same file there proves the pages
+//     were the share's. A stale or forged descriptor gets
+//     [ErrNotOffered]; a descriptor without an authentication fd (wire
+//     version 1, an older exporter) is left to the socket.
 //   - [TransportSocket]: the importer connects to the descriptor's endpoint,
 //     checks that the exporter's pid serves it, and sends the token. The
 //     exporter checks the importer's SO_PEERCRED against its [Policy]
-//     (same uid, or an allowed list), compares the token in constant time,
-//     and passes the fds with SCM_RIGHTS in batches of at most 253. A
-//     refused peer gets a reply saying why ([ErrRefused]); the exporter
-//     keeps serving others.
+//     (same uid, or an allowed list) as soon as it accepts the connection,
+//     before reading anything: a refused peer gets "refused by the
+//     exporter's policy" ([ErrRefused]; no uid is named) and is closed at
+//     once, so connections it holds cost the exporter nothing
+//     ([Exporter.Refused] counts them; OnError hears of them about once a
+//     second). An admitted peer's exchange waits for one of its uid's 16
+//     slots (128 connections of one uid waiting at most; more are turned
+//     away), so no uid starves another. The exporter compares the token in
+//     constant time ([ErrNotOffered] if no live share has it) and passes
+//     the fds with SCM_RIGHTS in batches of at most 253.
 //   - [TransportFabric]: the descriptor's bytes are the handles; the
 //     importer gives them to vmm.Driver.ImportFabric.
 //
@@ -46,13 +63,29 @@
 //
 // # Importer
 //
-// [Open] maps a descriptor's block into this process: it fetches the pages,
+// [Open] maps a descriptor's block into this process: it refuses a shared
+// extent larger than the importing device's memory (vmm.ErrInvalid: the
+// format allows 2^60 bytes, and the extent is reserved whole), fetches the pages,
 // imports each into the driver, reserves exactly the shared extent (page
 // count times page size, not the device's memory), maps the pages and
 // grants the device access with one SetAccess. Opens of one descriptor on
 // one driver and device share one mapping, counted by reference; the last
 // [Mapping.Close] unmaps, releases, unreserves and ends the lease. A
 // mapping stays valid after the exporter exits.
+//
+// # What an importer can reach
+//
+// Pages are the unit of sharing: a share exposes every page its block
+// touches, read-write unless the importer asks for less
+// ([OpenOptions].Access vmm.AccessRead maps it read-only). A 4 KiB block
+// of the small pool exposes its whole 2 MiB page, neighbouring blocks
+// included; a block of the fallback allocator exposes its whole segment
+// (a plain allocation). To share a block and nothing else, allocate it a
+// multiple of the large page size (20 MiB by default) in a place where it
+// starts on a page boundary (the first block of a fresh shareable
+// allocator does; the allocator does not align blocks to pages on its
+// own), and check the share's descriptor: Offset 0 and Length equal to
+// Bytes() mean the importer can reach the block and nothing else.
 //
 // # Plain allocations
 //

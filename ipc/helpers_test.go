@@ -2,6 +2,7 @@ package ipc
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -43,14 +44,32 @@ func makePages(t *testing.T, n int, size uint64) []*handles.FD {
 	t.Helper()
 	fds := make([]*handles.FD, 0, n)
 	for i := 0; i < n; i++ {
-		raw, err := unix.MemfdCreate(fmt.Sprintf("xseg-page-%d", i), unix.MFD_CLOEXEC)
+		fd, err := sealedMemfd(fmt.Sprintf("xseg-page-%d", i), size)
 		require.NoError(t, err)
-		fd, err := handles.NewFD(raw)
-		require.NoError(t, err)
-		require.NoError(t, unix.Ftruncate(raw, int64(size)))
 		fds = append(fds, fd)
 	}
 	return fds
+}
+
+// sealedMemfd makes a memfd of size bytes sealed as the host backend seals
+// the pages it exports (an importer's ImportFD refuses others).
+func sealedMemfd(name string, size uint64) (*handles.FD, error) {
+	raw, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := handles.NewFD(raw)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Ftruncate(raw, int64(size)); err != nil {
+		return nil, errors.Join(err, fd.Close())
+	}
+	const seals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+	if _, err := unix.FcntlInt(uintptr(raw), unix.F_ADD_SEALS, seals); err != nil {
+		return nil, errors.Join(err, fd.Close())
+	}
+	return fd, nil
 }
 
 // mapping is the pages of a descriptor mapped contiguously, as the host

@@ -161,10 +161,16 @@ func TestAllTransportsFailJoined(t *testing.T) {
 	require.ErrorContains(t, err, "pidfd: descriptor carries no fd numbers")
 	require.ErrorContains(t, err, "socket: exporter serves no socket")
 
-	d.Endpoint = "@xseg-nobody-listens-here"
 	d.PageFDs = []int{1 << 20}
+	_, err = Fetch(context.Background(), d, FetchOptions{Transports: []Transport{TransportPidfd}})
+	require.ErrorIs(t, err, vmm.ErrNotSupported)
+	require.ErrorContains(t, err, "no authentication fd", "bare fd numbers are not trusted")
+
+	d.Endpoint = "@xseg-nobody-listens-here"
+	d.HasAuth, d.AuthFD = true, 1<<20
 	_, err = Fetch(context.Background(), d, FetchOptions{})
 	require.ErrorIs(t, err, unix.EBADF)
+	require.ErrorIs(t, err, ErrNotOffered)
 	require.ErrorIs(t, err, unix.ECONNREFUSED)
 
 	_, err = Fetch(context.Background(), &handles.Descriptor{}, FetchOptions{})

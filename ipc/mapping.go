@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/xseg-dev/xseg/handles"
+	"github.com/xseg-dev/xseg/internal/pagerun"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -32,23 +33,28 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 	ps, size := m.desc.PageSize, m.desc.Bytes()
 	if m.base, err = m.drv.Reserve(size, 0); err != nil {
 		m.base = 0
-		return errors.Join(fmt.Errorf("reserving the shared extent of %d bytes: %w", size, err), m.teardown(0))
+		return errors.Join(fmt.Errorf("reserving the shared extent of %d bytes: %w", size, err), m.undo())
 	}
-	for i, h := range m.pages {
-		at := m.base.Add(uint64(i) * ps)
-		if err := m.drv.Map(at, ps, h, 0); err != nil {
-			return errors.Join(fmt.Errorf("mapping page %d of %d at %v: %w", i+1, len(m.pages), at, err), m.teardown(i))
-		}
-	}
+	m.reserved = true
 	access := opts.Access
 	if access == vmm.AccessNone {
 		access = vmm.AccessReadWrite
 	}
-	if err := m.drv.SetAccess(m.base, size, []vmm.AccessDesc{{Device: dev, Flags: access}}); err != nil {
-		err = fmt.Errorf("setting access of device %d to %d pages at %v: %w", dev, len(m.pages), m.base, err)
-		return errors.Join(err, m.teardown(len(m.pages)))
+	m.nmapped, err = pagerun.Map(m.drv, m.base, ps, m.pages, []vmm.AccessDesc{{Device: dev, Flags: access}})
+	if err != nil {
+		return errors.Join(fmt.Errorf("device %d: %w", dev, err), m.undo())
 	}
 	return nil
+}
+
+// undo tears down a failed open. Open returns no Mapping that a later
+// Close could retry with, so a teardown that fails is tried once more at
+// once; what fails again is in the error, and stays held.
+func (m *mapped) undo() error {
+	if err := m.teardown(m.nmapped); err == nil {
+		return nil
+	}
+	return m.teardown(m.nmapped)
 }
 
 // importPages makes a driver handle of every fetched page, in page order.
@@ -75,34 +81,46 @@ func (m *mapped) importPages() error {
 	return nil
 }
 
-// teardown undoes open: unmaps the first n pages (mapped -> reserved),
-// releases every imported page, gives back the range (reserved -> none),
-// closes what was fetched and ends the lease. If the unmap fails the pages
-// stay mapped and are not released, and the range is kept: releasing
-// them would be an error, and the lease goes on protecting them.
+// teardown undoes open as far as it got: unmaps the first n pages
+// (mapped -> reserved), releases every imported page, gives back the range
+// (reserved -> none), closes what was fetched and ends the lease. What
+// fails stays in m (nmapped, pages, reserved, recv) for a later teardown
+// to try again: if the unmap fails the pages stay mapped and are not
+// released, and the range is kept, for releasing them would be an error;
+// the lease ends only once nothing is held, protecting the pages until then.
 func (m *mapped) teardown(n int) error {
 	if m.desc.Kind == handles.KindCUDAIPC {
 		return m.teardownIPC()
 	}
-	if n > 0 {
-		if err := m.drv.Unmap(m.base, uint64(n)*m.desc.PageSize); err != nil {
-			return fmt.Errorf("unmapping %d pages at %v (kept mapped): %w", n, m.base, err)
-		}
+	m.nmapped = n
+	if err := pagerun.Unmap(m.drv, m.base, m.desc.PageSize, n); err != nil {
+		return fmt.Errorf("kept mapped: %w", err)
 	}
+	m.nmapped = 0
 	var errs []error
-	for i, h := range m.pages {
+	keep := m.pages[:0]
+	for _, h := range m.pages {
 		if err := m.drv.Release(h); err != nil {
-			errs = append(errs, fmt.Errorf("releasing imported page %d: %w", i, err))
+			errs = append(errs, fmt.Errorf("releasing imported page %#x: %w", uint64(h), err))
+			keep = append(keep, h)
 		}
 	}
-	m.pages = nil
-	if m.base != 0 {
+	clear(m.pages[len(keep):])
+	m.pages = keep
+	if m.reserved {
 		if err := m.drv.Unreserve(m.base, m.desc.Bytes()); err != nil {
 			errs = append(errs, fmt.Errorf("giving back the range at %v: %w", m.base, err))
+		} else {
+			m.reserved = false
 		}
 	}
-	if m.recv != nil {
-		errs = append(errs, m.recv.Close())
+	if len(errs) > 0 {
+		return errors.Join(errs...)
 	}
-	return errors.Join(errs...)
+	if m.recv != nil {
+		err := m.recv.Close()
+		m.recv = nil
+		return err
+	}
+	return nil
 }

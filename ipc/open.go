@@ -27,11 +27,13 @@ type OpenOptions struct {
 // unmapped when the last of them closes. A mapping stays valid after the
 // exporter exits.
 //
-// A Mapping is safe for concurrent use; Close is idempotent.
+// A Mapping is safe for concurrent use.
 type Mapping struct {
-	m    *mapped
-	once sync.Once
-	err  error
+	m  *mapped
+	mu sync.Mutex
+	// dropped: Close dropped this reference; owed: it was the last, and
+	// the teardown has not yet succeeded.
+	dropped, owed bool
 }
 
 // Ptr is the address of the shared block in this process: the mapped
@@ -49,27 +51,45 @@ func (m *Mapping) Via() Transport { return m.m.via }
 func (m *Mapping) Leased() bool { return m.m.leased }
 
 // Close drops this reference. The last one unmaps the pages, releases
-// them, gives back the address range and ends the lease. Using Ptr's
-// memory after Close is the caller's bug.
+// them, gives back the address range and ends the lease. If the driver
+// fails, Close returns the error and keeps what it could not give back; a
+// later Close of the same Mapping tries again, and returns nil once
+// nothing is held. Other Closes return nil. Using Ptr's memory after
+// Close is the caller's bug.
 func (m *Mapping) Close() error {
-	m.once.Do(func() { m.err = m.m.unref() })
-	return m.err
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.dropped {
+		m.dropped, m.owed = true, m.m.unref()
+	}
+	if !m.owed {
+		return nil
+	}
+	if err := m.m.teardown(m.m.nmapped); err != nil {
+		return fmt.Errorf("closing the mapping of pid %d's block at %v: %w", m.m.desc.ExporterPID, m.m.base, err)
+	}
+	m.owed = false
+	return nil
 }
 
 // mapped is the one mapping of a descriptor in this process.
 type mapped struct {
-	key    any // registry key, nil if not shared
-	drv    vmm.Driver
-	desc   *handles.Descriptor
-	base   vmm.DevicePtr
-	pages  []vmm.Handle
-	recv   *Received // holds the lease
-	ipc    *ipcOpen  // the allocation opened, for a cuda-ipc descriptor
-	via    Transport
-	leased bool
-	ready  chan struct{} // closed when Open's work ended
-	err    error         // of that work, read after ready
-	refs   int           // guarded by registry
+	key   any // registry key, nil if not shared
+	drv   vmm.Driver
+	desc  *handles.Descriptor
+	base  vmm.DevicePtr
+	pages []vmm.Handle // imported, not yet released
+	// nmapped counts the pages mapped from base, reserved whether base
+	// is still reserved: what a teardown has left to undo.
+	nmapped  int
+	reserved bool
+	recv     *Received // holds the lease
+	ipc      *ipcOpen  // the allocation opened, for a cuda-ipc descriptor
+	via      Transport
+	leased   bool
+	ready    chan struct{} // closed when Open's work ended
+	err      error         // of that work, read after ready
+	refs     int           // guarded by registry
 }
 
 type mapKey struct {
@@ -85,7 +105,8 @@ var registry struct {
 }
 
 // Open maps the block that desc (a descriptor's wire form, untrusted)
-// names into this process for device dev of drv: it fetches the pages
+// names into this process for device dev of drv: it refuses a shared
+// extent larger than dev's memory (vmm.ErrInvalid), fetches the pages
 // (Fetch, with opts.Fetch), imports each (ImportFD, or ImportFabric for a
 // fabric descriptor), reserves exactly the shared extent (page count times
 // page size), maps the pages in order, and grants dev access to the run
@@ -103,6 +124,9 @@ var registry struct {
 // for one mapping. ctx bounds the socket exchange.
 func Open(ctx context.Context, desc []byte, drv vmm.Driver, dev vmm.Device, opts OpenOptions) (*Mapping, error) {
 	d, err := handles.ParseDescriptor(desc)
+	if err == nil {
+		err = checkFits(drv, dev, d)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("opening a shared block: %w", err)
 	}
@@ -150,20 +174,16 @@ func (m *mapped) forget() {
 	registry.Unlock()
 }
 
-// unref drops one reference and tears the mapping down after the last.
-func (m *mapped) unref() error {
+// unref drops one reference and reports whether it was the last: the
+// caller then tears the mapping down. A new Open of the descriptor makes
+// a mapping of its own.
+func (m *mapped) unref() bool {
 	registry.Lock()
+	defer registry.Unlock()
 	m.refs--
 	last := m.refs == 0
 	if last && m.key != nil {
 		delete(registry.m, m.key.(mapKey))
 	}
-	registry.Unlock()
-	if !last {
-		return nil
-	}
-	if err := m.teardown(len(m.pages)); err != nil {
-		return fmt.Errorf("closing the mapping of pid %d's block at %v: %w", m.desc.ExporterPID, m.base, err)
-	}
-	return nil
+	return last
 }

@@ -19,7 +19,11 @@ import (
 //	                      message "XSRB" index(u32) with the fds as SCM_RIGHTS
 //
 // Integers are little endian. A refusal is a reply with a non-zero status
-// and a message saying why; the exporter then closes the connection. The
+// and a message saying why; the exporter then closes the connection. A
+// peer the exporter's policy refuses gets its reply at once, before the
+// exporter reads anything from it (so its request may meet a closed
+// socket: the importer reads the reply even when sending failed), and the
+// reply says no more than "refused by the exporter's policy". The
 // flag flagLeaseOnly asks for no fds (count 0): an importer that fetched
 // the fds with pidfd_getfd takes its lease that way.
 //
@@ -50,6 +54,7 @@ const (
 	statusRefused
 	statusUnknownShare
 	statusBadRequest
+	statusBusy
 )
 
 func encodeRequest(tok handles.Token, flags byte) []byte {

@@ -10,29 +10,19 @@ import (
 	"github.com/xseg-dev/xseg/handles"
 )
 
-// serve answers one importer: read its request, check its credentials
-// against the policy, find the share by its token, pass the fds (none for
-// a lease-only request). On success the importer holds a lease on the
+// serve answers one importer whose credentials the policy admitted: read
+// its request, find the share by its token, pass the fds (none for a
+// lease-only request). On success the importer holds a lease on the
 // returned share, which the caller must end with Share.dropLease.
-func (e *Exporter) serve(c *net.UnixConn) (*Share, error) {
+func (e *Exporter) serve(c *net.UnixConn, cred *unix.Ucred) (*Share, error) {
 	if err := c.SetDeadline(time.Now().Add(e.opts.Timeout)); err != nil {
 		return nil, err
 	}
-	cred, err := peerCred(c)
-	if err != nil {
-		return nil, err
-	}
-	// Read the request before answering, so a refusal does not race the
-	// importer's write.
 	buf := make([]byte, requestSize+1)
 	n, stray, err := recvMsg(c, buf)
 	closeRaw(stray)
 	if err != nil {
 		return nil, fmt.Errorf("reading request of pid %d: %w", cred.Pid, err)
-	}
-	if err := e.opts.Policy.check(e.uid, cred); err != nil {
-		_, _ = c.Write(encodeReply(statusRefused, 0, err.Error()))
-		return nil, err
 	}
 	tok, flags, err := decodeRequest(buf[:n])
 	if err != nil || len(stray) != 0 {

@@ -47,7 +47,11 @@ type Share struct {
 		closed   bool
 		released bool
 		fds      []*handles.FD
-		release  func() error
+		// auth is the share's authentication memfd (posix-fd shares;
+		// see handles.NewAuth): closed before fds, so that an importer
+		// that finds it still open knows the fd numbers were the share's.
+		auth    *handles.FD
+		release func() error
 	}
 }
 
@@ -88,12 +92,15 @@ func (e *Exporter) descriptor(kind handles.Kind, pages int, ext Extent) handles.
 	}
 }
 
-// add gives s its token, validates it and registers it; on failure it
-// closes s.
+// add gives s its token and, for fd numbers, its authentication memfd,
+// validates it and registers it; on failure it closes s.
 func (e *Exporter) add(s *Share) error {
 	tok, err := handles.NewToken()
 	if err == nil {
 		s.desc.Token = tok
+		err = s.authenticate()
+	}
+	if err == nil {
 		err = s.desc.Validate()
 	}
 	if err == nil {
@@ -108,6 +115,22 @@ func (e *Exporter) add(s *Share) error {
 	if err != nil {
 		return errors.Join(fmt.Errorf("sharing %d pages: %w", s.desc.PageCount, err), s.Close())
 	}
+	return nil
+}
+
+// authenticate makes the authentication memfd of a share of fd numbers:
+// without it pidfd_getfd would trust the numbers blindly, and after Close
+// they may name another share's page or any file of this process.
+func (s *Share) authenticate() error {
+	if len(s.desc.PageFDs) == 0 {
+		return nil
+	}
+	auth, err := handles.NewAuth(s.desc.Token, s.mu.fds)
+	if err != nil {
+		return err
+	}
+	s.mu.auth = auth
+	s.desc.AuthFD, s.desc.HasAuth = auth.Int(), true
 	return nil
 }
 
@@ -173,7 +196,11 @@ func (s *Share) Close() error {
 		return nil
 	}
 	s.mu.closed = true
-	err := handles.CloseAll(s.mu.fds)
+	// The authentication memfd first: an importer's pidfd fetch that
+	// still finds it open got the share's pages, not what reuses their
+	// numbers once they close.
+	err := handles.CloseAll([]*handles.FD{s.mu.auth})
+	err = errors.Join(err, handles.CloseAll(s.mu.fds))
 	if s.leases.Load() == 0 {
 		err = errors.Join(err, s.releaseLocked())
 	}

@@ -50,6 +50,13 @@ func (t Transport) String() string {
 // the importer's uid, or the token names no live share).
 var ErrRefused = errors.New("refused by exporter")
 
+// ErrNotOffered: the descriptor names nothing its exporter offers now. The
+// share was closed (a stale descriptor: its fd numbers may be another
+// share's by now), the pid is another process's, or the descriptor was
+// forged. Every transport checks it: the socket by the share's token, pidfd
+// by the share's authentication memfd. It wraps ErrRefused.
+var ErrNotOffered = fmt.Errorf("the descriptor names no share its exporter offers now (closed, or forged): %w", ErrRefused)
+
 // FetchOptions tune Fetch. The zero value chooses automatically.
 type FetchOptions struct {
 	// Transports are tried in this order until one succeeds. Nil means

@@ -17,7 +17,7 @@ func (p *parser) line(lineNo int, line []byte) error {
 	case n == 0:
 		return nil // blank line
 	case len(f[0]) != 1 || (f[0][0] != 'a' && f[0][0] != 'f'):
-		return p.fail(lineNo, line, "unknown event %q (want a or f)", f[0])
+		return p.fail(lineNo, line, "unknown event %q (want a or f)", clipField(f[0]))
 	case f[0][0] == 'a' && n != 4:
 		return p.fail(lineNo, line, "an allocation has 4 fields (a <id> <bytes> <stream>), this line %d", n)
 	case f[0][0] == 'f' && n != 2:
@@ -25,18 +25,18 @@ func (p *parser) line(lineNo int, line []byte) error {
 	}
 	id, ok := parseUint(f[1])
 	if !ok {
-		return p.fail(lineNo, line, "bad id %q (want an unsigned integer)", f[1])
+		return p.fail(lineNo, line, "bad id %q (want an unsigned integer)", clipField(f[1]))
 	}
 	if f[0][0] == 'f' {
 		return p.free(lineNo, line, id)
 	}
 	size, ok := parseUint(f[2])
 	if !ok {
-		return p.fail(lineNo, line, "bad size %q (want an unsigned integer)", f[2])
+		return p.fail(lineNo, line, "bad size %q (want an unsigned integer)", clipField(f[2]))
 	}
 	stream, ok := parseUint(f[3])
 	if !ok || stream > math.MaxUint32 {
-		return p.fail(lineNo, line, "bad stream %q (want an unsigned 32-bit integer)", f[3])
+		return p.fail(lineNo, line, "bad stream %q (want an unsigned 32-bit integer)", clipField(f[3]))
 	}
 	return p.alloc(lineNo, line, id, size, uint32(stream))
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -71,13 +72,25 @@ type Trace struct {
 type SyntaxError struct {
 	Name string // the trace's name
 	Line int    // line number, from 1
-	Text string // the line, shortened if long
+	Text string // at most maxQuoted bytes of the line; "" for a line too long
 	Msg  string // what is wrong
 }
 
 func (e *SyntaxError) Error() string {
+	if e.Text == "" {
+		return fmt.Sprintf("%s:%d: %s", e.Name, e.Line, e.Msg)
+	}
 	return fmt.Sprintf("%s:%d: %s: %q", e.Name, e.Line, e.Msg, e.Text)
 }
+
+// MaxLineLen bounds the length of a trace line, its end included. A real
+// event line is at most about 70 bytes; the bound keeps a line without an
+// end (a binary file, a run of garbage) from growing the read buffer.
+const MaxLineLen = 4 << 10
+
+// maxQuoted is the most bytes of a bad line, or of one bad field, that an
+// error quotes: an error about a huge line stays short.
+const maxQuoted = 80
 
 // ReadFile reads and parses the trace at path, gzip-compressed or plain.
 func ReadFile(path string) (*Trace, error) {
@@ -91,32 +104,30 @@ func ReadFile(path string) (*Trace, error) {
 
 // Parse reads a whole trace from r, gzip-compressed (recognised by its
 // magic bytes) or plain text, and checks it. name is used in errors.
+//
+// It streams: memory grows with the events, never with the input's size,
+// so blank lines cost nothing but the time to skip them (a 400 KiB gzip
+// of newlines inflates to 400 MB).
 func Parse(name string, r io.Reader) (*Trace, error) {
-	br := bufio.NewReaderSize(r, 1<<16)
-	data, err := readAll(br)
+	src, err := decompress(bufio.NewReaderSize(r, 1<<16))
 	if err != nil {
 		return nil, fmt.Errorf("reading trace %s: %w", name, err)
 	}
-	lines := bytes.Count(data, []byte{'\n'}) + 1
-	p := parser{t: &Trace{Name: name, Events: make([]Event, 0, lines)}, ids: make(map[uint64]uint32, lines/2)}
-	if err := p.parse(data); err != nil {
+	p := parser{t: &Trace{Name: name}, ids: make(map[uint64]uint32), streams: make(map[uint32]uint16)}
+	if err := p.parse(bufio.NewReaderSize(src, 2*MaxLineLen)); err != nil {
 		return nil, err
 	}
 	return p.finish(), nil
 }
 
-// readAll returns the decompressed bytes of br.
-func readAll(br *bufio.Reader) ([]byte, error) {
+// decompress returns the decompressed stream of br: br itself for plain
+// text.
+func decompress(br *bufio.Reader) (io.Reader, error) {
 	magic, err := br.Peek(2)
 	if err == nil && magic[0] == 0x1f && magic[1] == 0x8b {
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return nil, err
-		}
-		defer zr.Close()
-		return io.ReadAll(zr)
+		return gzip.NewReader(br)
 	}
-	return io.ReadAll(br)
+	return br, nil
 }
 
 // parser holds the state of one Parse call.
@@ -130,29 +141,51 @@ type parser struct {
 	live      uint64
 }
 
-func (p *parser) parse(data []byte) error {
-	p.streams = make(map[uint32]uint16)
-	for lineNo := 1; len(data) > 0; lineNo++ {
-		line := data
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			data = nil
+// parse parses the lines of br, whose buffer holds more than MaxLineLen
+// bytes, so that a line too long is seen without reading it whole.
+func (p *parser) parse(br *bufio.Reader) error {
+	for lineNo := 1; ; lineNo++ {
+		line, err := br.ReadSlice('\n')
+		switch {
+		case len(line) > MaxLineLen || errors.Is(err, bufio.ErrBufferFull):
+			return &SyntaxError{Name: p.t.Name, Line: lineNo, Msg: fmt.Sprintf("line longer than %d bytes", MaxLineLen)}
+		case err != nil && err != io.EOF:
+			return fmt.Errorf("reading trace %s: %w", p.t.Name, err)
 		}
-		if err := p.line(lineNo, line); err != nil {
-			return err
+		if perr := p.line(lineNo, bytes.TrimSuffix(line, []byte{'\n'})); perr != nil {
+			return perr
+		}
+		if err == io.EOF {
+			return nil
 		}
 	}
-	return nil
 }
 
 // fail returns the SyntaxError for a line.
 func (p *parser) fail(lineNo int, line []byte, format string, args ...any) error {
-	text := string(bytes.TrimRight(line, "\r"))
-	if len(text) > 80 {
-		text = text[:77] + "..."
-	}
+	text := clip(bytes.TrimRight(line, "\r"))
 	return &SyntaxError{Name: p.t.Name, Line: lineNo, Text: text, Msg: fmt.Sprintf(format, args...)}
+}
+
+// clip returns b, or its first bytes and "..." if b is longer than
+// maxQuoted: what an error may quote of the input.
+func clip(b []byte) string {
+	if len(b) > maxQuoted {
+		return string(b[:maxQuoted-3]) + "..."
+	}
+	return string(b)
+}
+
+// maxQuotedField is the most bytes of one bad field that an error's
+// message quotes, beside the line's maxQuoted.
+const maxQuotedField = 24
+
+// clipField is clip for a field named in an error's message.
+func clipField(b []byte) string {
+	if len(b) > maxQuotedField {
+		return string(b[:maxQuotedField-3]) + "..."
+	}
+	return string(b)
 }
 
 // finish turns the provisional stream indexes into indexes of the sorted

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -163,4 +164,91 @@ func BenchmarkParse(b *testing.B) {
 		events = len(tr.Events)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*events), "ns/event")
+}
+
+// gzLines is a gzip of n copies of line.
+func gzLines(t testing.TB, line string, n int) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	w, err := gzip.NewWriterLevel(&b, gzip.BestCompression)
+	require.NoError(t, err)
+	chunk := []byte(strings.Repeat(line, 1<<12))
+	for ; n >= 1<<12; n -= 1 << 12 {
+		_, err = w.Write(chunk)
+		require.NoError(t, err)
+	}
+	_, err = w.Write([]byte(strings.Repeat(line, n)))
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	return b.Bytes()
+}
+
+// Issue 15: a 398 KiB gzip of newlines took 5.2 GB to parse. Parse read the
+// whole inflated input and sized the events and the id map by its line
+// count; it must stream, its memory bounded by the events, not the lines.
+func TestParseBlankLinesBoundedMemory(t *testing.T) {
+	const lines = 8 << 20
+	data := gzLines(t, "\n", lines)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	tr, err := Parse("blank", bytes.NewReader(data))
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	require.Empty(t, tr.Events, "blank lines are no events")
+	require.Zero(t, cap(tr.Events), "nothing sized by the line count")
+	allocated := after.TotalAlloc - before.TotalAlloc
+	require.Less(t, allocated, uint64(2<<20), "parsing %d MiB of blank lines allocated %d bytes", lines>>20, allocated)
+
+	// A few events among the blank lines keep their line numbers.
+	tr, err = Parse("sparse", strings.NewReader(strings.Repeat("\n", 1000)+"a 1 5 0\n\n\nf 1\n"))
+	require.NoError(t, err)
+	require.Equal(t, []Event{{Op: OpAlloc, Size: 5, Line: 1001}, {Op: OpFree, Line: 1004}}, tr.Events)
+}
+
+// Issue 15: a 10 MB line made a 10 MB error. A line past MaxLineLen fails
+// by its number, without its text, and without being read whole.
+func TestParseLineTooLong(t *testing.T) {
+	for name, line := range map[string]string{
+		"one huge field": strings.Repeat("x", 10<<20),
+		"just too long":  "a 1 2 0" + strings.Repeat(" ", MaxLineLen-7),
+		"huge id":        "a " + strings.Repeat("9", 10<<20) + " 1 0",
+	} {
+		t.Run(name, func(t *testing.T) {
+			text := "a 7 1 0\n" + line + "\nf 7\n"
+			for _, data := range [][]byte{[]byte(text), gz(t, text)} {
+				_, err := Parse("long", bytes.NewReader(data))
+				var se *SyntaxError
+				require.ErrorAs(t, err, &se)
+				require.Equal(t, 2, se.Line)
+				require.Contains(t, se.Msg, "longer than 4096 bytes")
+				require.Empty(t, se.Text)
+				require.Equal(t, "long:2: line longer than 4096 bytes", err.Error())
+			}
+		})
+	}
+	// At the bound, it parses.
+	tr, err := Parse("ok", strings.NewReader("a 1 2 0"+strings.Repeat(" ", MaxLineLen-8)+"\n"))
+	require.NoError(t, err)
+	require.Len(t, tr.Events, 1)
+}
+
+// Issue 15: errors quoted whole fields of the input; each quotes at most a
+// few dozen bytes of a field and maxQuoted of the line.
+func TestParseErrorsQuoteLittle(t *testing.T) {
+	long := strings.Repeat("z", 2000)
+	for _, text := range []string{
+		long + " 1\n",
+		"a " + long + " 2 0\n",
+		"a 1 " + long + " 0\n",
+		"a 1 2 " + long + "\n",
+		"f " + long + "\n",
+	} {
+		_, err := Parse("q", strings.NewReader(text))
+		var se *SyntaxError
+		require.ErrorAs(t, err, &se)
+		require.LessOrEqual(t, len(se.Text), maxQuoted)
+		require.NotContains(t, se.Msg, strings.Repeat("z", maxQuotedField))
+		require.Less(t, len(err.Error()), 250, err.Error())
+	}
 }

@@ -29,11 +29,13 @@
 // else. The first xseg_malloc starts the library: it reads the
 // configuration (XSEG_CONF and its aliases, with the string of
 // xseg_configure applied on top), XSEG_BACKEND ("cuda" by default; "host"
-// for CI) and XSEG_HOST_CAPACITY, and opens the driver. A failure to open it
-// is kept: every later xseg_malloc returns NULL with the same reason, which
-// xseg_last_error reports. Each device gets its allocator (xseg.Open over the
-// shared driver) at its first allocation; allocators live until the process
-// ends.
+// for CI) and XSEG_HOST_CAPACITY (bytes, a multiple of 2 MiB), and opens the
+// driver. A failure to start is kept: every later xseg_malloc returns NULL
+// with the same reason, which xseg_last_error reports. A bad value of any of
+// these variables is such a failure, XSEG_LOG's included (the log then stays
+// off), as for XSEG_BACKEND: a typo is reported, not ignored. Each device
+// gets its allocator (xseg.Open over the shared driver) at its first
+// allocation; allocators live until the process ends.
 //
 // # Threads and CUDA contexts
 //
@@ -47,7 +49,8 @@
 //
 // No function panics into C: each recovers, records the panic as an error
 // and returns its failure value. Failures are NULL or -1 and keep their text
-// for xseg_last_error (process-wide, the most recent failure of any thread).
+// for xseg_last_error (process-wide, the most recent failure of any thread,
+// at most 4 KiB of text).
 // Freeing a pointer xseg did not return, or on a device without an
 // allocator, records an error and changes nothing.
 package main

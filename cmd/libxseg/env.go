@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/host"
 )
 
 // Environment variables the library reads at first use (XSEG_LOG at load).
@@ -16,8 +17,9 @@ import (
 const (
 	// envBackend selects the backend: "cuda" (the default) or "host".
 	envBackend = "XSEG_BACKEND"
-	// envHostCapacity is the host backend's capacity in bytes (default:
-	// the host backend's own, host.DefaultCapacity).
+	// envHostCapacity is the host backend's capacity in bytes, a multiple
+	// of its 2 MiB page (default: the host backend's own,
+	// host.DefaultCapacity).
 	envHostCapacity = "XSEG_HOST_CAPACITY"
 	// envLog is the log level: off (the default), error, warn, info, debug.
 	envLog = "XSEG_LOG"
@@ -38,9 +40,12 @@ func backendFromEnv(getenv func(string) string) (backend string, capacity uint64
 		return "", 0, fmt.Errorf("%s=%q: want cuda or host: %w", envBackend, backend, vmm.ErrInvalid)
 	}
 	if s := strings.TrimSpace(getenv(envHostCapacity)); s != "" {
+		// Checked here, with the unit, rather than failing later as a
+		// backend that does not open.
 		capacity, err = strconv.ParseUint(s, 0, 64)
-		if err != nil || capacity == 0 {
-			return "", 0, fmt.Errorf("%s=%q: want a positive number of bytes: %w", envHostCapacity, s, vmm.ErrInvalid)
+		if err != nil || capacity == 0 || capacity%host.DefaultGranularity != 0 {
+			return "", 0, fmt.Errorf("%s=%q: want a positive number of bytes, a multiple of 2 MiB (%d): %w",
+				envHostCapacity, s, host.DefaultGranularity, vmm.ErrInvalid)
 		}
 	}
 	return backend, capacity, nil

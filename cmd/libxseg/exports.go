@@ -24,11 +24,12 @@ var lastErr lastError
 
 func main() {}
 
-// fail records the failure of the C function name and logs it.
+// fail records the failure of the C function name and logs it, both
+// bounded in length.
 func fail(name string, err error) {
-	msg := name + ": " + err.Error()
+	msg := boundText(name + ": " + err.Error())
 	lastErr.set(msg)
-	lib.log.Warn("xseg: call failed", "call", name, "err", err)
+	lib.log.Warn("xseg: call failed", "err", msg)
 }
 
 // catch, deferred by every export, turns a panic into a recorded failure:

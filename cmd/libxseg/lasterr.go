@@ -8,6 +8,7 @@ import "C"
 import (
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 	"unsafe"
 )
 
@@ -15,6 +16,24 @@ import (
 // pointer xseg_last_error returned stays valid while 64 more failures
 // happen on other threads.
 const retiredErrors = 64
+
+// maxErrorLen bounds the text of the last error: a failure's message may
+// carry the caller's input (a configuration string, a log level), and
+// xseg_last_error must not hand back megabytes of it.
+const maxErrorLen = 4 << 10
+
+// boundText returns msg, or its first bytes (whole UTF-8 characters) and
+// "..." if it is longer than maxErrorLen.
+func boundText(msg string) string {
+	if len(msg) <= maxErrorLen {
+		return msg
+	}
+	cut := maxErrorLen - len("...")
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "..."
+}
 
 // emptyText is the "" that xseg_last_error returns before any failure. It
 // lives for the whole process.
@@ -34,8 +53,9 @@ type lastError struct {
 	}
 }
 
-// set makes msg the last error.
+// set makes msg, bounded by boundText, the last error.
 func (e *lastError) set(msg string) {
+	msg = boundText(msg)
 	c := C.CString(msg)
 	e.mu.Lock()
 	defer e.mu.Unlock()

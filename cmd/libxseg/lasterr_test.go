@@ -5,7 +5,10 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"unicode/utf8"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -37,4 +40,29 @@ func TestCatch(t *testing.T) {
 	}()
 	require.Equal(t, -1, rc)
 	require.Equal(t, "xseg_test: panic: boom", lastErr.text())
+}
+
+// Issue 15: a 10 MiB configuration value made a 20 MiB last error. The
+// text is cut to maxErrorLen, at a character boundary, ending in "...".
+func TestLastErrorBounded(t *testing.T) {
+	var e lastError
+	e.set(strings.Repeat("x", 10<<20))
+	require.Len(t, e.text(), maxErrorLen)
+	require.True(t, strings.HasSuffix(e.text(), "..."))
+	c := unsafe.Slice((*byte)(unsafe.Pointer(e.get())), maxErrorLen+1)
+	require.Equal(t, byte(0), c[maxErrorLen], "the C string is the bounded one")
+
+	e.set(strings.Repeat("é", maxErrorLen)) // two bytes each
+	require.True(t, utf8.ValidString(e.text()), "cut between characters")
+	require.LessOrEqual(t, len(e.text()), maxErrorLen)
+
+	e.set("short")
+	require.Equal(t, "short", e.text())
+}
+
+// The errors of exports go through fail: bounded too.
+func TestFailBounded(t *testing.T) {
+	fail("xseg_test", errors.New(strings.Repeat("y", 1<<20)))
+	require.Len(t, lastErr.text(), maxErrorLen)
+	require.True(t, strings.HasPrefix(lastErr.text(), "xseg_test: yyy"))
 }

@@ -30,8 +30,9 @@ type library struct {
 	getenv     func(string) string
 	openDriver func(backend string, hostCapacity uint64) (vmm.Driver, error)
 
-	level *slog.LevelVar
-	log   *slog.Logger
+	level  *slog.LevelVar
+	log    *slog.Logger
+	logErr error // why XSEG_LOG did not parse: the first use fails with it
 
 	devs [maxDevices]atomic.Pointer[device]
 
@@ -49,10 +50,11 @@ type library struct {
 // opens its driver with openDriver, both at first use.
 func newLibrary(getenv func(string) string, openDriver func(string, uint64) (vmm.Driver, error)) *library {
 	l := &library{getenv: getenv, openDriver: openDriver, level: new(slog.LevelVar)}
-	l.level.Set(levelOff)
-	if lv, err := parseLevel(getenv(envLog)); err == nil {
-		l.level.Set(lv)
+	lv, err := parseLevel(getenv(envLog))
+	if err != nil {
+		l.logErr = fmt.Errorf("%s: %w", envLog, err)
 	}
+	l.level.Set(lv)
 	l.log = newLogger(l.level)
 	return l
 }
@@ -116,6 +118,10 @@ func (l *library) startLocked() {
 		return
 	}
 	l.mu.started = true
+	if l.logErr != nil {
+		l.mu.err = l.logErr
+		return
+	}
 	cfg, err := l.configLocked(l.mu.conf)
 	if err != nil {
 		l.mu.err = err
@@ -129,7 +135,12 @@ func (l *library) startLocked() {
 	}
 	drv, err := l.openDriver(backend, capacity)
 	if err != nil {
-		l.mu.err = fmt.Errorf("opening the %s backend (set %s=host to use host memory instead): %w", backend, envBackend, err)
+		// openDriver's error names the backend; the hint helps only
+		// where CUDA failed.
+		if backend == "cuda" {
+			err = fmt.Errorf("%w (set %s=host to use host memory instead)", err, envBackend)
+		}
+		l.mu.err = err
 		return
 	}
 	l.mu.drv = drv
@@ -160,13 +171,14 @@ func (l *library) configLocked(conf string) (core.Config, error) {
 			return l.getenv(k)
 		}
 	}
-	cfg, err := core.ConfigFromEnv(getenv)
+	cfg, err := core.ConfigFromEnv(getenv) // its errors name the variable
 	if err != nil {
-		return cfg, fmt.Errorf("reading the configuration from the environment: %w", err)
+		return cfg, err
 	}
 	if conf != "" {
+		// Not quoted: core's error quotes the bad part, briefly.
 		if cfg, err = core.ParseConfig(cfg, conf); err != nil {
-			return cfg, fmt.Errorf("configuration %q: %w", conf, err)
+			return cfg, fmt.Errorf("the configuration of xseg_configure: %w", err)
 		}
 	}
 	return cfg, nil

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -261,4 +263,87 @@ func TestShareableDefault(t *testing.T) {
 		require.NoError(t, err, "%v", tc.env)
 		require.Equal(t, tc.want, cfg.Shareable, "%v", tc.env)
 	}
+}
+
+// Issue 15: an invalid XSEG_LOG was ignored silently. As a bad
+// XSEG_BACKEND, it fails the first use, and every later one, naming it.
+func TestLibraryBadLogLevelFailsFirstUse(t *testing.T) {
+	opened := false
+	l := newLibrary(env{envLog: "loud", envBackend: "host"}.get, func(string, uint64) (vmm.Driver, error) {
+		opened = true
+		return nil, fmt.Errorf("opened: %w", vmm.ErrNotSupported)
+	})
+	require.Equal(t, levelOff, l.level.Level(), "the log stays off")
+	for range 2 {
+		_, err := l.malloc(100, 0, 0)
+		require.ErrorIs(t, err, vmm.ErrInvalid)
+		require.ErrorContains(t, err, `XSEG_LOG: log level "loud": want off, error, warn, info or debug`)
+	}
+	require.False(t, opened, "no driver is opened")
+	require.NoError(t, newLibrary(env{envLog: " Warn "}.get, nil).logErr)
+}
+
+// Issue 15: XSEG_HOST_CAPACITY=1000 failed as "opening the host backend
+// (set XSEG_BACKEND=host ...)" with XSEG_BACKEND=host already set. The
+// capacity is checked with its unit; the hint is for CUDA only.
+func TestLibraryHostCapacityMessage(t *testing.T) {
+	for _, s := range []string{"1000", "0", "-5", "3145728", "lots"} {
+		_, _, err := backendFromEnv(env{envBackend: "host", envHostCapacity: s}.get)
+		require.ErrorIs(t, err, vmm.ErrInvalid, s)
+		require.ErrorContains(t, err, `XSEG_HOST_CAPACITY="`+s+`": want a positive number of bytes, a multiple of 2 MiB (2097152)`)
+	}
+	_, c, err := backendFromEnv(env{envBackend: "host", envHostCapacity: "0x40000000"}.get)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1<<30), c)
+
+	l := newLibrary(env{envBackend: "host", envHostCapacity: "1000"}.get, xseg.OpenDriver)
+	_, err = l.malloc(100, 0, 0)
+	require.ErrorContains(t, err, "multiple of 2 MiB")
+	require.NotContains(t, err.Error(), "set XSEG_BACKEND=host")
+
+	// A host backend that fails to open gets no hint either.
+	l = newLibrary(env{envBackend: "host"}.get, func(string, uint64) (vmm.Driver, error) {
+		return nil, fmt.Errorf("xseg: opening the host backend: no memfd: %w", vmm.ErrNotSupported)
+	})
+	_, err = l.malloc(100, 0, 0)
+	require.EqualError(t, err, "xseg: opening the host backend: no memfd: not supported")
+}
+
+// Issue 15: xseg_configure of a 10 MiB value made a 20 MiB last error:
+// the library quoted the whole string around core's quote of the value.
+func TestLibraryConfigureErrorShort(t *testing.T) {
+	l := hostLibrary(t, nil)
+	for _, conf := range []string{
+		"large_page_mb:" + strings.Repeat("9", 10<<20),
+		"oom_max_retries:1," + strings.Repeat("q", 10<<20),
+		strings.Repeat("k", 1000) + ":1",
+	} {
+		err := l.configure(conf)
+		require.Error(t, err)
+		require.Less(t, len(err.Error()), 250, "%.300s", err)
+	}
+	err := l.configure("large_page_mb:" + strings.Repeat("9", 100))
+	require.EqualError(t, err, `the configuration of xseg_configure: config: key "large_page_mb": not a size that fits 64 bits of bytes: "99999999999999999999999999999999"...`)
+}
+
+// Issue 15: an allocation waiting for frees (oom_wait_ms) when its
+// allocator closed failed as "allocating N bytes: allocating N bytes:
+// closed": core's wait and its caller both named the request.
+func TestLibraryClosedWhileWaitingMessage(t *testing.T) {
+	l := hostLibrary(t, env{"XSEG_CONF": "oom_wait_ms:60000"})
+	keep, err := l.malloc(200<<20, 0, 0)
+	require.NoError(t, err)
+	require.NotZero(t, keep)
+	a := l.devs[0].Load().a
+	errc := make(chan error, 1)
+	go func() {
+		_, err := l.malloc(100<<20, 0, 0) // more than the 56 MiB left: waits
+		errc <- err
+	}()
+	// The count goes up under the lock the waiter holds until it waits.
+	require.Eventually(t, func() bool { return a.Stats().NumAllocRetries > 0 }, 30*time.Second, time.Millisecond)
+	require.NoError(t, a.Close()) // wakes the waiter; a second Close is nil
+	err = <-errc
+	require.ErrorIs(t, err, vmm.ErrClosed)
+	require.Equal(t, 1, strings.Count(err.Error(), "allocating 104857600 bytes"), err.Error())
 }

@@ -37,6 +37,10 @@ func TestCAPI(t *testing.T) {
 		out := run(t, time.Minute, host, check, lib)
 		require.Contains(t, out, "\nok\n", out)
 		t.Log(strings.TrimSpace(out))
+		// Sharing, bad arguments to xseg_open first, in a process of its
+		// own (a shareable allocator).
+		out = run(t, time.Minute, host, check, lib, "share")
+		require.Equal(t, "ok", strings.TrimSpace(out))
 	})
 	t.Run("NoDriver", func(t *testing.T) {
 		out := run(t, time.Minute, []string{"XSEG_BACKEND=tpu"}, check, lib, "nodriver")
@@ -44,6 +48,13 @@ func TestCAPI(t *testing.T) {
 		require.Len(t, lines, 2, out)
 		require.Contains(t, lines[0], "XSEG_BACKEND=\"tpu\"")
 		require.Equal(t, lines[0], lines[1], "the reason is kept for every later call")
+
+		// Issue 15: a bad XSEG_LOG was ignored; it fails as XSEG_BACKEND does.
+		out = run(t, time.Minute, append(host, "XSEG_LOG=loud"), check, lib, "nodriver")
+		lines = strings.Split(strings.TrimSpace(out), "\n")
+		require.Len(t, lines, 2, out)
+		require.Equal(t, `xseg_malloc: 1048576 bytes on device 0: XSEG_LOG: log level "loud": want off, error, warn, info or debug: invalid argument`, lines[0])
+		require.Equal(t, lines[0], lines[1])
 
 		out = run(t, time.Minute, []string{"XSEG_BACKEND="}, check, lib, "nodriver")
 		lines = strings.Split(strings.TrimSpace(out), "\n")
@@ -53,7 +64,8 @@ func TestCAPI(t *testing.T) {
 			return
 		}
 		require.NotEqual(t, "1", os.Getenv("XSEG_REQUIRE_GPU"), "the CUDA backend failed: %s", lines[0])
-		require.Contains(t, lines[0], "opening the cuda backend")
+		require.Contains(t, lines[0], "opening the CUDA backend")
+		require.Contains(t, lines[0], "set XSEG_BACKEND=host")
 		require.Contains(t, lines[0], "not supported")
 		require.Equal(t, lines[0], lines[1])
 	})

@@ -137,12 +137,32 @@ func (s *sharing) close(h int64) error {
 	return m.Close()
 }
 
+// maxDescLen bounds a descriptor given to xseg_open or xseg_unshare.
+const maxDescLen = 1 << 24
+
 // cBytes copies n bytes of C memory at p (nil or n out of range: nil).
 func cBytes(p unsafe.Pointer, n C.size_t) []byte {
-	if p == nil || n == 0 || n > 1<<24 {
+	if p == nil || n == 0 || n > maxDescLen {
 		return nil
 	}
 	return C.GoBytes(p, C.int(n))
+}
+
+// checkOpenArgs checks the arguments of xseg_open before anything is
+// opened: a mapping opened for a call that then cannot hand out its
+// handle would pin the exporter's pages for good.
+func checkOpenArgs(desc unsafe.Pointer, length uint64, ptr, size bool) error {
+	switch {
+	case desc == nil:
+		return fmt.Errorf("desc is NULL: %w", vmm.ErrInvalid)
+	case length == 0 || length > maxDescLen:
+		return fmt.Errorf("descriptor of %d bytes (want 1 to %d): %w", length, maxDescLen, vmm.ErrInvalid)
+	case !ptr:
+		return fmt.Errorf("ptr is NULL (it receives the mapping's address): %w", vmm.ErrInvalid)
+	case !size:
+		return fmt.Errorf("size is NULL (it receives the mapping's length): %w", vmm.ErrInvalid)
+	}
+	return nil
 }
 
 //export xsegGoShare
@@ -170,20 +190,32 @@ func xsegGoUnshare(desc unsafe.Pointer, length C.size_t) (rc C.int) {
 	return status("xseg_unshare", shared.unshare(cBytes(desc, length)))
 }
 
+// xsegGoOpen is xseg_open; ptr and size are NULL where the caller's are
+// (shim.c passes its own locals otherwise, and copies them out only for a
+// handle).
+//
 //export xsegGoOpen
 func xsegGoOpen(desc unsafe.Pointer, length C.size_t, device C.int, ptr *C.uintptr_t, size *C.size_t) (h C.int64_t) {
 	h = -1
 	defer catch("xseg_open")
-	b := cBytes(desc, length)
-	if b == nil {
-		fail("xseg_open", fmt.Errorf("descriptor of %d bytes: %w", uint64(length), vmm.ErrInvalid))
+	if err := checkOpenArgs(desc, uint64(length), ptr != nil, size != nil); err != nil {
+		fail("xseg_open", err)
 		return -1
 	}
-	id, m, err := shared.open(b, int(device))
+	id, m, err := shared.open(cBytes(desc, length), int(device))
 	if err != nil {
 		fail("xseg_open", fmt.Errorf("on device %d: %w", int(device), err))
 		return -1
 	}
+	// Runs before catch, also on a panic: a mapping whose handle is not
+	// handed out is closed, never left pinning the exporter's pages.
+	defer func() {
+		if h < 0 {
+			if err := shared.close(id); err != nil {
+				fail("xseg_open", fmt.Errorf("closing the mapping of a failed call: %w", err))
+			}
+		}
+	}()
 	*ptr, *size = C.uintptr_t(m.Ptr()), C.size_t(m.Len())
 	return C.int64_t(id)
 }

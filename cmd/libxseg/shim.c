@@ -80,9 +80,16 @@ ssize_t xseg_share_for(void* ptr, int device, int importers, void* out, size_t c
 int xseg_unshare(const void* desc, size_t len) { return xsegGoUnshare((void*)desc, len); }
 
 int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size) {
+	// Go checks every argument, NULL out-parameters included, before it
+	// opens anything, and writes only to these locals; the caller's are
+	// written once there is a handle.
 	uintptr_t p = 0;
-	int64_t h = xsegGoOpen((void*)desc, len, device, &p, size);
-	*ptr = (void*)p;
+	size_t n = 0;
+	int64_t h = xsegGoOpen((void*)desc, len, device, ptr ? &p : NULL, size ? &n : NULL);
+	if (h > 0) {
+		*ptr = (void*)p;
+		*size = n;
+	}
 	return h;
 }
 

@@ -6,9 +6,12 @@
  * the CUDA context current on the calling thread (PyTorch's). The library
  * starts at the first xseg_malloc: it reads XSEG_CONF (or the string given
  * to xseg_configure), XSEG_BACKEND ("cuda", the default, or "host") and
- * XSEG_HOST_CAPACITY, and opens the driver; one allocator per device is made
- * at that device's first allocation. A function that fails returns NULL or
- * -1 and keeps the reason for xseg_last_error.
+ * XSEG_HOST_CAPACITY (bytes, a multiple of 2 MiB), and opens the driver;
+ * one allocator per device is made at that device's first allocation. A bad
+ * value of any of these, or of XSEG_LOG (read when the library is loaded),
+ * makes that first use fail, and every later one with the same reason. A
+ * function that fails returns NULL or -1 and keeps the reason for
+ * xseg_last_error.
  */
 #ifndef XSEG_H
 #define XSEG_H
@@ -116,14 +119,16 @@ int xseg_reset_peak_stats(int device);
  * devices), as torch.cuda.reset_accumulated_memory_stats; 0 or -1. */
 int xseg_reset_accumulated_stats(int device);
 
-/* xseg_configure sets the configuration (XSEG_CONF syntax) applied over
- * XSEG_CONF at first use. Only before the first xseg_malloc; a later call
- * replaces an earlier one. Returns 0, or -1 (too late, or does not parse). */
+/* xseg_configure sets the configuration (XSEG_CONF syntax, at most 64 KiB)
+ * applied over XSEG_CONF at first use. Only before the first xseg_malloc; a
+ * later call replaces an earlier one. Returns 0, or -1 (too late, or does
+ * not parse). */
 int xseg_configure(const char* conf);
 
 /* xseg_set_log_level sets the level of the log written to standard error:
  * "off" (the default, or XSEG_LOG), "error", "warn", "info", "debug".
- * Returns 0, or -1 for an unknown level. */
+ * Returns 0, or -1 for an unknown level. An unknown XSEG_LOG leaves the log
+ * off and fails the library's first use (see the top of this file). */
 int xseg_set_log_level(const char* level);
 
 /* Cross-process sharing (package ipc). xseg_share shares the live block
@@ -146,7 +151,8 @@ int xseg_unshare(const void* desc, size_t len);
 /* xseg_open maps the block a descriptor names (from xseg_share of any
  * process) for device: *ptr and *size receive its address and length.
  * Opening one descriptor twice shares one mapping. Returns a handle (> 0)
- * for xseg_close, or -1. xseg_close unmaps once the last handle of the
+ * for xseg_close, or -1, with *ptr and *size unchanged; a NULL desc, ptr
+ * or size, or len 0, fails before anything is opened. xseg_close unmaps once the last handle of the
  * mapping closes; 0 or -1. The mapping stays valid after the exporter
  * exits. */
 int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size);
@@ -214,8 +220,9 @@ char* xseg_history_json(int device);
 const char* xseg_version(void);
 
 /* xseg_last_error returns the text of the most recent failure of any thread,
- * "" if none. The string stays valid at least until 64 more failures have
- * happened; copy it at once. */
+ * "" if none: at most 4 KiB, a longer text cut and ending in "...". The
+ * string stays valid at least until 64 more failures have happened; copy it
+ * at once. */
 const char* xseg_last_error(void);
 
 #ifdef __cplusplus

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -22,9 +23,15 @@ import (
 func main() {
 	cmd := newRootCmd(os.Stdout, os.Stderr)
 	if err := cmd.Execute(); err != nil {
-		fmt.Fprintf(os.Stderr, "xseg: %v\n", err)
+		fmt.Fprintln(os.Stderr, errorLine(err))
 		os.Exit(1)
 	}
+}
+
+// errorLine is the line that reports err: "xseg: " and the error, whose
+// own "xseg: " (package xseg's errors start so) is not said twice.
+func errorLine(err error) string {
+	return "xseg: " + strings.TrimPrefix(err.Error(), "xseg: ")
 }
 
 // newRootCmd builds the command tree writing to stdout and stderr (tests

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -172,4 +174,42 @@ func TestReplayShippedTraces(t *testing.T) {
 		require.EqualValues(t, 0, m["ooms"])
 		t.Logf("%s", lines[i])
 	}
+}
+
+// Issue 15: `xseg replay --backend cuda` without a driver printed "xseg:
+// xseg: opening the CUDA backend": package xseg's errors start with
+// "xseg: " and main added its own.
+func TestErrorLineSaysXsegOnce(t *testing.T) {
+	_, err := xseg.OpenDriver("tpu", 0)
+	require.Error(t, err)
+	require.True(t, strings.HasPrefix(err.Error(), "xseg: "), err.Error())
+	line := errorLine(err)
+	require.Equal(t, 1, strings.Count(line, "xseg:"), line)
+	require.Equal(t, `xseg: unknown backend "tpu" (want auto, host or cuda): invalid argument`, line)
+	require.Equal(t, "xseg: --capacity sets the host backend's memory", errorLine(errors.New("--capacity sets the host backend's memory")))
+}
+
+// Issue 15: a gzip of blank lines took 5 GB to report an empty trace, and
+// a 10 MB line made a 10 MB error.
+func TestReplayBlankAndLongLines(t *testing.T) {
+	blank := writeTrace(t, "blank.trace.gz", strings.Repeat("\n", 1<<20))
+	out, _, err := run(t, "replay", "--backend", "host", "--json", blank)
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &m))
+	require.EqualValues(t, 0, m["events"])
+
+	long := writeTrace(t, "long.trace.gz", "a 1 10 0\n"+strings.Repeat("a", 10<<20)+"\n")
+	_, _, err = run(t, "replay", "--backend", "host", long)
+	require.EqualError(t, err, long+":2: line longer than 4096 bytes")
+}
+
+// Issue 15: large_page_mb:17592186044414 was accepted and then failed the
+// first allocation as "reserving 0 bytes"; it fails as configuration.
+func TestReplayHugePageConf(t *testing.T) {
+	tr := writeTrace(t, "a.trace", synthetic)
+	_, _, err := run(t, "replay", "--backend", "host", "--conf", "large_page_mb:17592186044414", tr)
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+	require.ErrorContains(t, err, "--conf: config: large_page_mb: a page of 18446744073707454464 bytes is larger than 1 TiB")
+	require.NotContains(t, err.Error(), "reserving")
 }

@@ -4,8 +4,8 @@ import "github.com/xseg-dev/xseg/vmm"
 
 // Backing is what differs between allocators: where segments come from and
 // how pages behind them are made usable and given back. The expandable
-// allocator reserves one large range per (stream, pool) and maps pages into
-// it on demand; the fallback allocator makes each segment one plain
+// allocator reserves large ranges per (stream, pool), sized by the Heap,
+// and maps pages into them on demand; the fallback allocator makes each segment one plain
 // allocation that is mapped from the start and is its own single page.
 //
 // The Heap calls a Backing only with its own lock held, so a Backing needs
@@ -18,8 +18,11 @@ type Backing interface {
 	// hold at least size bytes, and fills in seg.Base, seg.Size,
 	// seg.PageSize (which divides seg.Size) and seg.StartsMapped. A
 	// segment that starts mapped is usable at once; otherwise nothing in
-	// it is mapped. The Heap stores its own state in seg.Data's siblings;
-	// the Backing may keep its own in seg.Data.
+	// it is mapped, and size is the address space the Heap wants
+	// reserved (see Heap.reservationLocked), which the Backing rounds up
+	// to its page size and should not exceed by more. The Heap stores
+	// its own state in seg.Data's siblings; the Backing may keep its own
+	// in seg.Data.
 	NewSegment(seg *Seg, size uint64, st *Stats) error
 	// Map makes the whole pages [ptr, ptr+size) of seg usable. On error
 	// nothing is mapped.

@@ -6,13 +6,34 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/xseg-dev/xseg/vmm"
 )
 
 const (
 	// MiB and KiB are byte units for the configuration.
 	KiB = 1 << 10
 	MiB = 1 << 20
+	// TiB is the largest page size: a page is reserved and mapped whole,
+	// and a larger one (large_page_mb:17592186044414 is 2^64 - 2 MiB)
+	// overflows the rounding of the reservation to 0 bytes.
+	TiB = 1 << 40
 )
+
+// MaxConfigLen bounds the length of a configuration string: the eleven
+// keys fit in a few hundred bytes, and an error must not echo megabytes.
+const MaxConfigLen = 64 << 10
+
+// maxQuoted is the most bytes of a bad key or value an error quotes.
+const maxQuoted = 32
+
+// quote quotes s, cut to maxQuoted bytes (marked "...") if longer.
+func quote(s string) string {
+	if len(s) > maxQuoted {
+		return strconv.Quote(s[:maxQuoted]) + "..."
+	}
+	return strconv.Quote(s)
+}
 
 // Config tunes an allocator. The zero value is not useful; start from
 // DefaultConfig. A Config is a plain value, copied by the allocators.
@@ -31,14 +52,15 @@ type Config struct {
 	PageCacheBytes uint64
 	// OOMMaxRetries: after the cache has been emptied, retry this many
 	// times with exponential backoff from OOMDelay, for memory that other
-	// processes hold.
+	// processes hold; at most MaxOOMRetries. Each delay is capped (see
+	// BackoffDelay).
 	OOMMaxRetries int
 	OOMDelay      time.Duration
 	// OOMWait: wait up to this long for frees by other goroutines of this
 	// process before failing. 0: do not wait.
 	OOMWait time.Duration
 	// OOMSizeFactor: AllocAtMost shrinks its request by this factor at
-	// each step, in (0, 1).
+	// each step, in (0, 1), and by at least 1/64 of its first request.
 	OOMSizeFactor float64
 	// OOMVerbose logs every step of the OOM policy at level Info.
 	OOMVerbose bool
@@ -65,11 +87,15 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	switch {
 	case c.SmallPageSize == 0 || c.LargePageSize == 0:
-		return fmt.Errorf("config: page sizes must be positive")
+		return fmt.Errorf("config: page sizes (small_page_mb, large_page_mb) must be positive: %w", vmm.ErrInvalid)
+	case c.SmallPageSize > TiB:
+		return fmt.Errorf("config: small_page_mb: a page of %d bytes is larger than 1 TiB (1048576 MiB): %w", c.SmallPageSize, vmm.ErrInvalid)
+	case c.LargePageSize > TiB:
+		return fmt.Errorf("config: large_page_mb: a page of %d bytes is larger than 1 TiB (1048576 MiB): %w", c.LargePageSize, vmm.ErrInvalid)
 	case c.SmallLimit == 0 || c.SmallLimit > c.SmallPageSize:
 		return fmt.Errorf("config: small_limit_kb (%d bytes) must be positive and at most the small page size %d", c.SmallLimit, c.SmallPageSize)
-	case c.OOMMaxRetries < 0:
-		return fmt.Errorf("config: oom_max_retries %d is negative", c.OOMMaxRetries)
+	case c.OOMMaxRetries < 0 || c.OOMMaxRetries > MaxOOMRetries:
+		return fmt.Errorf("config: oom_max_retries %d is not in [0, %d]", c.OOMMaxRetries, MaxOOMRetries)
 	case c.OOMDelay < 0 || c.OOMWait < 0:
 		return fmt.Errorf("config: oom_delay_ms and oom_wait_ms must not be negative")
 	case !(c.OOMSizeFactor > 0 && c.OOMSizeFactor < 1):
@@ -118,7 +144,7 @@ func mib(field func(*Config) *uint64, unit uint64) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil || n > math.MaxUint64/unit {
-			return fmt.Errorf("not a size: %q", v)
+			return fmt.Errorf("not a size that fits 64 bits of bytes: %s", quote(v))
 		}
 		*field(c) = n * unit
 		return nil
@@ -129,7 +155,7 @@ func millis(field func(*Config) *time.Duration) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		n, err := strconv.ParseUint(v, 10, 32)
 		if err != nil {
-			return fmt.Errorf("not a number of milliseconds: %q", v)
+			return fmt.Errorf("not a number of milliseconds: %s", quote(v))
 		}
 		*field(c) = time.Duration(n) * time.Millisecond
 		return nil
@@ -140,7 +166,7 @@ func boolean(field func(*Config) *bool) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return fmt.Errorf("not a boolean: %q", v)
+			return fmt.Errorf("not a boolean: %s", quote(v))
 		}
 		*field(c) = b
 		return nil
@@ -150,7 +176,7 @@ func boolean(field func(*Config) *bool) func(*Config, string) error {
 func setRetries(c *Config, v string) error {
 	n, err := strconv.ParseUint(v, 10, 16)
 	if err != nil {
-		return fmt.Errorf("not a count: %q", v)
+		return fmt.Errorf("not a count: %s", quote(v))
 	}
 	c.OOMMaxRetries = int(n)
 	return nil
@@ -159,7 +185,7 @@ func setRetries(c *Config, v string) error {
 func setFactor(c *Config, v string) error {
 	f, err := strconv.ParseFloat(v, 64)
 	if err != nil || !(f > 0 && f < 1) {
-		return fmt.Errorf("not a factor in (0, 1): %q", v)
+		return fmt.Errorf("not a factor in (0, 1): %s", quote(v))
 	}
 	c.OOMSizeFactor = f
 	return nil
@@ -168,8 +194,12 @@ func setFactor(c *Config, v string) error {
 // ParseConfig applies s, in the XSEG_CONF syntax "key:value,key:value", to
 // base and returns the result. Spaces around keys and values are ignored;
 // an empty s returns base. Unknown keys and bad values are errors that name
-// the key.
+// the key and quote at most the first 32 bytes of what is wrong; s may be
+// at most MaxConfigLen bytes long, and page sizes at most 1 TiB.
 func ParseConfig(base Config, s string) (Config, error) {
+	if len(s) > MaxConfigLen {
+		return base, fmt.Errorf("config: %d bytes, more than the %d a configuration may have: %w", len(s), MaxConfigLen, vmm.ErrInvalid)
+	}
 	c := base
 	for item := range strings.SplitSeq(s, ",") {
 		item = strings.TrimSpace(item)
@@ -179,7 +209,7 @@ func ParseConfig(base Config, s string) (Config, error) {
 		key, val, ok := strings.Cut(item, ":")
 		key, val = strings.TrimSpace(key), strings.TrimSpace(val)
 		if !ok {
-			return base, fmt.Errorf("config: %q: want key:value", item)
+			return base, fmt.Errorf("config: %s: want key:value", quote(item))
 		}
 		if err := setKey(&c, key, val); err != nil {
 			return base, err
@@ -198,10 +228,10 @@ func setKey(c *Config, key, val string) error {
 	}
 	set, ok := configKeys[name]
 	if !ok {
-		return fmt.Errorf("config: unknown key %q", key)
+		return fmt.Errorf("config: unknown key %s", quote(key))
 	}
 	if err := set(c, val); err != nil {
-		return fmt.Errorf("config: key %q: %w", key, err)
+		return fmt.Errorf("config: key %s: %w", quote(key), err)
 	}
 	return nil
 }

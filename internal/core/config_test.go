@@ -1,10 +1,13 @@
 package core
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/xseg-dev/xseg/vmm"
 )
 
 func TestParseConfigIssueExample(t *testing.T) {
@@ -58,4 +61,80 @@ func TestConfigFromEnv(t *testing.T) {
 	env = map[string]string{"OOM_SIZE_FACTOR": "2"}
 	_, err = ConfigFromEnv(func(k string) string { return env[k] })
 	require.ErrorContains(t, err, "OOM_SIZE_FACTOR")
+}
+
+// Issue 15: large_page_mb:17592186044414 (2^64 - 2 MiB in bytes) passed
+// validation and failed later as "reserving 0 bytes". Page sizes past
+// 1 TiB, and sizes that overflow 64 bits, fail here, naming the key.
+func TestParseConfigPageSizeBound(t *testing.T) {
+	for s, key := range map[string]string{
+		"large_page_mb:17592186044414": "large_page_mb",
+		"large_page_mb:1048577":        "large_page_mb",
+		"small_page_mb:17592186044416": "small_page_mb",
+		"small_page_mb:1048577":        "small_page_mb",
+		"page_cache_mb:17592186044416": "page_cache_mb",
+	} {
+		_, err := ParseConfig(DefaultConfig(), s)
+		require.ErrorContains(t, err, key, s)
+		require.NotContains(t, err.Error(), "reserving", s)
+	}
+	_, err := ParseConfig(DefaultConfig(), "large_page_mb:17592186044414")
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+	require.ErrorContains(t, err, "larger than 1 TiB")
+	c, err := ParseConfig(DefaultConfig(), "large_page_mb:1048576")
+	require.NoError(t, err, "1 TiB is allowed")
+	require.Equal(t, uint64(TiB), c.LargePageSize)
+	require.ErrorContains(t, Config{SmallPageSize: 2 * MiB, LargePageSize: TiB + 2*MiB, SmallLimit: MiB, OOMSizeFactor: 0.5}.Validate(), "large_page_mb")
+}
+
+// Issue 15: a 10 MiB configuration value made a 20 MiB error. The string
+// is bounded, and errors quote a short prefix of a bad key or value.
+func TestParseConfigErrorsShort(t *testing.T) {
+	_, err := ParseConfig(DefaultConfig(), "oom_max_retries:1,"+strings.Repeat("x", MaxConfigLen))
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+	require.ErrorContains(t, err, "more than the 65536")
+	require.Less(t, len(err.Error()), 200)
+
+	long := strings.Repeat("7x", MaxConfigLen/8)
+	for _, s := range []string{
+		"large_page_mb:" + long, "oom_delay_ms:" + long, "oom_verbose:" + long, "oom_max_retries:" + long,
+		"oom_size_factor:" + long, long + ":1", long, "OOM_DELAY_MS:" + long,
+	} {
+		_, err := ParseConfig(DefaultConfig(), s)
+		require.Error(t, err)
+		require.Less(t, len(err.Error()), 200, "%.100s...", err)
+		require.Contains(t, err.Error(), `7x7x7x"...`, "a prefix of the bad text is quoted")
+	}
+	c, err := ParseConfig(DefaultConfig(), strings.Repeat(" ", MaxConfigLen-20)+"oom_max_retries:4")
+	require.NoError(t, err, "a string at the bound parses")
+	require.Equal(t, 4, c.OOMMaxRetries)
+}
+
+// FuzzParseConfig feeds ParseConfig arbitrary strings: it must not panic,
+// its errors must stay short, and a configuration it accepts must
+// validate, with page sizes a reservation can hold.
+func FuzzParseConfig(f *testing.F) {
+	for _, s := range []string{"", "large_page_mb:20,release_threshold_mb:512,oom_max_retries:3,oom_delay_ms:200,oom_wait_ms:1000",
+		" small_page_mb:4 , small_limit_kb:512,page_cache_mb:0,OOM_SIZE_FACTOR:0.5,OOM_VERBOSE:true,shareable:1",
+		"large_page_mb:17592186044414", "small_limit_kb:4096", "oom_size_factor:1e-300", "large_page_mb", ",,,:,",
+		"OOM_MAX_RETRIES:65535", "oom_delay_ms:4294967295", "shareable:T"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		c, err := ParseConfig(DefaultConfig(), s)
+		if err != nil {
+			// Quoting writes a byte as up to 4: two quoted pieces of
+			// maxQuoted bytes and about 150 of message.
+			if n := len(err.Error()); n > 8*maxQuoted+150 {
+				t.Fatalf("an error of %d bytes: %.200s...", n, err)
+			}
+			return
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%q parsed to a configuration that does not validate: %v", s, err)
+		}
+		if c.SmallPageSize > TiB || c.LargePageSize > TiB {
+			t.Fatalf("%q: pages of %d and %d bytes", s, c.SmallPageSize, c.LargePageSize)
+		}
+	})
 }

@@ -178,15 +178,20 @@ func (h *Heap) syncReservedLocked() {
 }
 
 // newSegmentLocked asks the Backing for a segment of st that holds at
-// least rs bytes.
+// least rs bytes: a Backing whose segments start mapped (SegmentSizer)
+// sizes it itself, one that maps on demand reserves what
+// reservationLocked asks for.
 func (h *Heap) newSegmentLocked(st *state, rs uint64) (*Seg, error) {
 	seg := &Seg{Stream: st.key.stream, Pool: st.key.pool, st: st}
+	size := rs
 	if sz, ok := h.back.(SegmentSizer); ok {
 		if err := h.limitLocked(sz.SegmentBytes(st.key.pool, rs)); err != nil {
 			return nil, fmt.Errorf("making a %s segment for %d bytes on stream %#x: %w", st.key.pool, rs, uintptr(st.key.stream), err)
 		}
+	} else {
+		size = h.reservationLocked(st, rs)
 	}
-	if err := h.back.NewSegment(seg, rs, &h.mu.stats); err != nil {
+	if err := h.back.NewSegment(seg, size, &h.mu.stats); err != nil {
 		return nil, fmt.Errorf("making a %s segment for %d bytes on stream %#x: %w", st.key.pool, rs, uintptr(st.key.stream), err)
 	}
 	b := h.newBlock()
@@ -207,6 +212,36 @@ func (h *Heap) newSegmentLocked(st *state, rs uint64) (*Seg, error) {
 	st.segs = append(st.segs, seg)
 	h.mu.stats.Segments.Add(st.key.pool, 1)
 	return seg, nil
+}
+
+// minReservation is the least address space a segment of a stream other
+// than the default one reserves.
+const minReservation = 1 << 30
+
+// reservationLocked is the address space a new segment of st reserves for
+// a request of rs bytes. The default stream's shared pools, which hold
+// most memory in most programs, reserve the device's whole memory: one
+// segment that never fills, so blocks never stop at a segment's end (the
+// replays' peaks depend on it). Any other (stream, pool) reserves in
+// proportion to need: 8 times the request, at least 1 GiB, and twice its
+// largest segment when it has one, so that a state needs a few segments
+// at most however far it grows; never more than the device's memory.
+// Reserving the whole device for every stream ran out of address space
+// (128 TiB on x86-64) near a thousand streams, with memory to spare.
+func (h *Heap) reservationLocked(st *state, rs uint64) uint64 {
+	if st == h.mu.def[st.key.pool] {
+		return max(h.limit, rs)
+	}
+	want := uint64(minReservation)
+	if rs <= h.limit/8 {
+		want = max(want, 8*rs)
+	} else {
+		want = h.limit
+	}
+	for _, seg := range st.segs {
+		want = max(want, min(seg.Size, h.limit)*2)
+	}
+	return max(rs, min(want, h.limit))
 }
 
 // mappedRuns calls f for each run of mapped pages of seg, in address order.

@@ -26,6 +26,9 @@ type Heap struct {
 	cfg   Config
 	limit uint64 // no request above this can ever succeed
 	log   *slog.Logger
+	// done is closed by Close (under mu, see wakeLocked): an allocation
+	// sleeping in the OOM backoff, without the lock, wakes on it.
+	done chan struct{}
 
 	mu struct {
 		sync.Mutex
@@ -41,6 +44,11 @@ type Heap struct {
 		events  []vmm.Event // recorded and completed, for reuse
 		freed   chan struct{}
 		pins    map[*block]int // pin counts of shared blocks (pin.go)
+		// streams are the streams the driver has confirmed live
+		// (streams.go), lastStream the one Alloc saw last: a stream is
+		// checked once, not on every allocation.
+		streams    map[vmm.Stream]struct{}
+		lastStream vmm.Stream
 		// Private pools (pools.go): every pool by id, the active routes
 		// in the order begun, and the frees deferred while one is active.
 		pools    map[PoolID]*privatePool
@@ -61,7 +69,7 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h := &Heap{drv: d, dev: dev, back: b, cfg: cfg, limit: limit, log: log}
+	h := &Heap{drv: d, dev: dev, back: b, cfg: cfg, limit: limit, log: log, done: make(chan struct{})}
 	h.mu.states = make(map[stateKey]*state)
 	h.mu.blocks = make(map[vmm.DevicePtr]*block)
 	h.mu.nodes = btree.NewFreeListG[*block](1024)
@@ -134,6 +142,11 @@ func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.De
 	}
 	if size > h.limit || rs < size {
 		return 0, h.tooLargeLocked(size, s, final)
+	}
+	if s != 0 && s != h.mu.lastStream {
+		if err := h.checkStreamLocked(s); err != nil {
+			return 0, fmt.Errorf("allocating %d bytes: %w", size, err)
+		}
 	}
 	var st *state
 	if len(h.mu.routes) > 0 || !id.IsZero() {
@@ -303,6 +316,9 @@ func (h *Heap) RecordStream(ptr vmm.DevicePtr, s vmm.Stream) error {
 	}
 	if s == b.seg.Stream {
 		return nil
+	}
+	if err := h.checkStreamLocked(s); err != nil {
+		return fmt.Errorf("recording a use of %v: %w", ptr, err)
 	}
 	for _, u := range b.uses {
 		if u == s {

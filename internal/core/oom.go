@@ -19,8 +19,9 @@ import (
 //     page of every segment, release the page cache, retry;
 //  4. (final attempts only) wait up to OOMWait for frees by other
 //     goroutines, then retry OOMMaxRetries times with exponential backoff
-//     from OOMDelay; not when the memory limit (limit.go) stops the
-//     growth, which neither cures;
+//     from OOMDelay, each delay capped (BackoffDelay) and cut short by
+//     Close; not when the memory limit (limit.go) stops the growth, which
+//     neither cures;
 //  5. fail with an error matching vmm.ErrOutOfMemory.
 //
 // It releases the lock while it waits or sleeps.
@@ -47,13 +48,11 @@ func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, e
 		b, err = h.waitForFreesLocked(st, rs, req)
 	}
 	for i := 0; final && retryable(err) && i < h.cfg.OOMMaxRetries; i++ {
-		delay := h.cfg.OOMDelay << i
+		delay := BackoffDelay(h.cfg.OOMDelay, i)
 		h.mu.stats.NumAllocRetries++
 		retries++
 		h.logOOM("xseg: out of memory, retrying after a delay", req, err, "delay", delay, "retry", i+1)
-		h.mu.Unlock()
-		time.Sleep(delay)
-		h.mu.Lock()
+		h.sleepUnlocked(delay)
 		if h.mu.closed {
 			return nil, fmt.Errorf("allocating %d bytes: %w", req, vmm.ErrClosed)
 		}
@@ -73,6 +72,60 @@ func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, e
 		return nil, h.oomLocked(st.key.stream, req, retries, final, err)
 	}
 	return b, wrapAlloc(req, err)
+}
+
+// MaxOOMRetries bounds Config.OOMMaxRetries: with the capped backoff a
+// thousand retries already sleep over an hour in one allocation.
+const MaxOOMRetries = 1000
+
+// maxBackoff caps one delay of the OOM backoff: past a few seconds a
+// longer sleep only delays the failure the caller has to handle anyway.
+const maxBackoff = 5 * time.Second
+
+// BackoffDelay is the delay before retry i (from 0) of the OOM policy:
+// base doubled i times, capped at the smaller of maxBackoff and 50 times
+// base. It never overflows, for any i.
+func BackoffDelay(base time.Duration, i int) time.Duration {
+	if base <= 0 {
+		return 0
+	}
+	limit := maxBackoff
+	if base <= maxBackoff/50 {
+		limit = 50 * base
+	}
+	d := base
+	for ; i > 0 && d < limit; i-- {
+		d *= 2 // d < limit <= maxBackoff: no overflow
+	}
+	return min(d, limit)
+}
+
+// sleepUnlocked releases the lock for delay, or until Close, and takes it
+// again. The caller checks h.mu.closed afterwards.
+func (h *Heap) sleepUnlocked(delay time.Duration) {
+	h.mu.Unlock()
+	defer h.mu.Lock()
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-h.done:
+	}
+}
+
+// wakeLocked wakes every allocation waiting in the OOM policy, for Close:
+// those waiting for frees and those sleeping in the backoff. Safe to call
+// more than once.
+func (h *Heap) wakeLocked() {
+	if h.mu.freed != nil {
+		close(h.mu.freed)
+		h.mu.freed = nil
+	}
+	select {
+	case <-h.done:
+	default:
+		close(h.done)
+	}
 }
 
 func wrapAlloc(req uint64, err error) error {
@@ -102,7 +155,7 @@ func (h *Heap) waitForFreesLocked(st *state, rs, req uint64) (*block, error) {
 		}
 		h.mu.Lock()
 		if h.mu.closed {
-			return nil, fmt.Errorf("allocating %d bytes: %w", req, vmm.ErrClosed)
+			return nil, vmm.ErrClosed // allocSlowLocked's wrapAlloc names the request
 		}
 		h.pollLocked()
 		b, err := h.findLocked(st, rs)
@@ -166,14 +219,21 @@ func (h *Heap) logOOM(msg string, req uint64, err error, args ...any) {
 	h.log.Log(context.Background(), level, msg, args...)
 }
 
+// maxShrinks bounds the attempts of AllocAtMost below max: each shrinks
+// the request by at least 1/maxShrinks of max, however close to 1 the size
+// factor is, since every failed attempt empties the cache.
+const maxShrinks = 64
+
 // AllocAtMost returns the largest block it can get of at most max and at
 // least min bytes, and its size: it tries max, then shrinks the request by
-// the configured size factor down to min. Only the attempt at min runs the
-// whole OOM policy (waits and retries).
+// the configured size factor, by at least max/64 and one small page a step,
+// down to min; at most 65 attempts. Only the attempt at min runs the whole
+// OOM policy (waits and retries).
 func (h *Heap) AllocAtMost(max, min uint64, s vmm.Stream) (vmm.DevicePtr, uint64, error) {
 	if min == 0 || min > max {
 		return 0, 0, fmt.Errorf("allocating between %d and %d bytes: %w", min, max, vmm.ErrInvalid)
 	}
+	step := h.minShrink(max)
 	size := max
 	for {
 		final := size <= min
@@ -184,10 +244,24 @@ func (h *Heap) AllocAtMost(max, min uint64, s vmm.Stream) (vmm.DevicePtr, uint64
 		if err == nil || final || !errors.Is(err, vmm.ErrOutOfMemory) {
 			return ptr, size, err
 		}
-		next := uint64(float64(size) * h.cfg.OOMSizeFactor)
-		if next >= size {
-			next = size - 1
-		}
-		size = next
+		size = h.shrink(size, step)
 	}
+}
+
+// minShrink is the least step of AllocAtMost from max: max/maxShrinks
+// rounded up, and at least a small page (a smaller step rarely changes how
+// many pages the request needs).
+func (h *Heap) minShrink(top uint64) uint64 {
+	return RoundSize(max(top/maxShrinks+1, h.cfg.SmallPageSize))
+}
+
+// shrink is the next, smaller request of AllocAtMost after size failed:
+// size times the size factor, or size less step if that is smaller,
+// rounded down to MinBlock; 0 when nothing is left.
+func (h *Heap) shrink(size, step uint64) uint64 {
+	if size <= step {
+		return 0
+	}
+	next := min(uint64(float64(size)*h.cfg.OOMSizeFactor), size-step)
+	return next &^ (MinBlock - 1)
 }

@@ -324,6 +324,9 @@ func (h *Heap) flushDeferredLocked() {
 			continue
 		}
 		b.deferred = false
+		if b.state == stAllocated && !h.keepPinnedLocked(b) {
+			h.deactivateLocked(b) // every stream that used it is gone
+		}
 	}
 	clear(h.mu.deferred[len(keep):])
 	h.mu.deferred = keep

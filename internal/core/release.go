@@ -129,7 +129,7 @@ func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, skip []*block, synced bo
 	}
 	if !synced {
 		h.mu.stats.Syncs++
-		if err := h.drv.StreamSynchronize(seg.Stream); err != nil {
+		if err := h.syncStreamLocked(seg.Stream); err != nil {
 			return 0, fmt.Errorf("synchronizing stream %#x before unmapping: %w", uintptr(seg.Stream), err)
 		}
 	}

@@ -76,7 +76,7 @@ func (d *Driver) moveToMemfd(ptr vmm.DevicePtr, a allocation) (allocation, error
 	if !ok {
 		return a, fmt.Errorf("exporting the allocation at %v: %d bytes: %w", ptr, a.size, vmm.ErrInvalid)
 	}
-	fd, err := unix.MemfdCreate(memfdPrefix+strconv.Itoa(int(a.dev)), unix.MFD_CLOEXEC)
+	fd, err := createSealable(memfdPrefix + strconv.Itoa(int(a.dev)))
 	if err != nil {
 		return a, fmt.Errorf("exporting the allocation at %v: memfd_create: %w", ptr, sysErr(err))
 	}
@@ -92,11 +92,13 @@ func (d *Driver) moveToMemfd(ptr vmm.DevicePtr, a allocation) (allocation, error
 	return a, nil
 }
 
-// fillMemfd sizes fd to size bytes and copies the n bytes at ptr into its
-// start, skipping chunks that are all zero (the file reads zero there).
+// fillMemfd sizes fd to size bytes, seals that size (importers must not
+// be able to truncate the file under the allocation: see seal.go) and
+// copies the n bytes at ptr into its start, skipping chunks that are all
+// zero (the file reads zero there).
 func fillMemfd(fd int, ptr vmm.DevicePtr, n, size uint64) error {
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		return fmt.Errorf("sizing the memfd to %d bytes: %w", size, sysErr(err))
+	if err := sizeAndSeal(fd, size); err != nil {
+		return err
 	}
 	src := hostBytes(ptr, n)
 	zero := make([]byte, copyChunk)

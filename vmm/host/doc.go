@@ -37,7 +37,12 @@
 //   - A page created with vmm.HandlePosixFD gets a memfd of its own, so that
 //     exporting it exposes that page and nothing else of the process.
 //     ExportFD duplicates that memfd; ImportFD duplicates the fd it is given
-//     and makes a page of the whole file. Such pages cost one fd each.
+//     and makes a page of the whole file. Such pages cost one fd each. The
+//     memfd is sealed at its size (F_SEAL_SHRINK, F_SEAL_GROW,
+//     F_SEAL_SEAL), and so is the memfd a shared plain allocation moves
+//     into: an importer that truncated it would make every mapping of it,
+//     the exporter's too, die of SIGBUS. ImportFD refuses a file without
+//     those seals (vmm.ErrInvalid).
 //
 // # Address ranges
 //

@@ -92,14 +92,14 @@ func (d *Driver) createOwn(dev vmm.Device, size uint64) (*backing, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating an exportable page of %d bytes: %w", size, err)
 	}
-	fd, err := unix.MemfdCreate(memfdPrefix+strconv.Itoa(int(dev)), unix.MFD_CLOEXEC)
+	fd, err := createSealable(memfdPrefix + strconv.Itoa(int(dev)))
 	if err != nil {
 		d.untake(dev, size)
 		return nil, fmt.Errorf("creating an exportable page of %d bytes: memfd_create: %w", size, sysErr(err))
 	}
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+	if err := sizeAndSeal(fd, size); err != nil {
 		d.untake(dev, size)
-		return nil, fmt.Errorf("sizing an exportable page to %d bytes: %w (closing it: %v)", size, sysErr(err), unix.Close(fd))
+		return nil, fmt.Errorf("making an exportable page of %d bytes: %w (closing it: %v)", size, err, unix.Close(fd))
 	}
 	return &backing{fd: fd, own: true, dev: dev, size: size}, nil
 }
@@ -183,10 +183,13 @@ func (d *Driver) ExportFD(h vmm.Handle) (int, error) {
 }
 
 // ImportFD makes a page of the memfd that fd names, perhaps exported by
-// another process. Its size is the file's, which must be a positive multiple
-// of the granularity; its device is the one the exporter's memfd name says
-// (0 if it says none this driver has). The fd is not consumed: the page
-// holds a duplicate. Imported pages take no capacity.
+// another process. The file must be sealed against shrinking and growing,
+// as every memfd this backend exports is (see seal.go), else ErrInvalid:
+// an unsealed file could be truncated under the mapping by anyone holding
+// it. Its size is the file's, which must be a positive multiple of the
+// granularity; its device is the one the exporter's memfd name says (0 if
+// it says none this driver has). The fd is not consumed: the page holds a
+// duplicate. Imported pages take no capacity.
 func (d *Driver) ImportFD(fd int) (vmm.Handle, error) {
 	if err := d.enter(); err != nil {
 		return 0, err
@@ -198,6 +201,9 @@ func (d *Driver) ImportFD(fd int) (vmm.Handle, error) {
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return 0, fmt.Errorf("importing fd %d: not a memory file (mode %#o): %w", fd, st.Mode, vmm.ErrInvalid)
+	}
+	if err := checkSealed(fd); err != nil {
+		return 0, fmt.Errorf("importing fd %d: %w", fd, err)
 	}
 	if err := d.books.CheckSize("importing fd "+strconv.Itoa(fd)+": page", uint64(st.Size)); err != nil {
 		return 0, err

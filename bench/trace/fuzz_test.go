@@ -1,0 +1,74 @@
+package trace
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// FuzzParse feeds Parse arbitrary input, plain and gzipped: it must not
+// panic, its errors must stay short, and a trace it accepts must keep its
+// own rules.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{good, "", "\n\n\n", "a 1 2 0\r\nf 1", "a\t18446744073709551615  4 3\r\nf 18446744073709551615",
+		"a 1 2 0\nf 2\n", "a 1 2 0\nf 1\nf 1\n", "x 1\n", "a 1 18446744073709551615 0\na 2 1 0\n",
+		"a 1 2 " + strings.Repeat("9", 100) + "\n", strings.Repeat(" ", MaxLineLen+1), "a 1 2 4294967295\n"} {
+		f.Add([]byte(s))
+		f.Add(gz(f, s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tr, err := Parse("fuzz", bytes.NewReader(data))
+		if err != nil {
+			// %q writes a byte as up to 4: the quoted line and field,
+			// and about 200 bytes of message.
+			if n := len(err.Error()); n > 4*(maxQuoted+maxQuotedField)+200 {
+				t.Fatalf("an error of %d bytes: %.200s...", n, err)
+			}
+			return
+		}
+		checkTrace(t, tr)
+	})
+}
+
+// checkTrace checks the invariants of a parsed trace.
+func checkTrace(t *testing.T, tr *Trace) {
+	t.Helper()
+	if tr.Slots != len(tr.IDs) {
+		t.Fatalf("%d slots, %d ids", tr.Slots, len(tr.IDs))
+	}
+	live := make([]bool, tr.Slots)
+	var bytesLive, peak uint64
+	sizes := make([]uint64, tr.Slots)
+	line, nLive := uint32(0), 0
+	for _, e := range tr.Events {
+		if e.Line <= line {
+			t.Fatalf("event lines not increasing: %d after %d", e.Line, line)
+		}
+		line = e.Line
+		if int(e.Slot) >= tr.Slots {
+			t.Fatalf("slot %d of %d", e.Slot, tr.Slots)
+		}
+		switch e.Op {
+		case OpAlloc:
+			if int(e.Stream) >= len(tr.Streams) {
+				t.Fatalf("stream %d of %d", e.Stream, len(tr.Streams))
+			}
+			live[e.Slot], sizes[e.Slot] = true, e.Size
+			bytesLive += e.Size
+			nLive++
+			peak = max(peak, bytesLive)
+		case OpFree:
+			if !live[e.Slot] {
+				t.Fatalf("free of slot %d, not live", e.Slot)
+			}
+			live[e.Slot] = false
+			bytesLive -= sizes[e.Slot]
+			nLive--
+		default:
+			t.Fatalf("op %v", e.Op)
+		}
+	}
+	if peak != tr.PeakLive || nLive != tr.LiveAtEnd {
+		t.Fatalf("peak %d live at end %d, the trace says %d and %d", peak, nLive, tr.PeakLive, tr.LiveAtEnd)
+	}
+}

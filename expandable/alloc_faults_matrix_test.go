@@ -1,0 +1,146 @@
+package expandable
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
+)
+
+// matrixConfig is the default configuration without OOM backoff sleeps.
+func matrixConfig() Config {
+	cfg := DefaultConfig()
+	cfg.OOMMaxRetries = 0
+	return cfg
+}
+
+// allocScenario makes an allocator, runs setup on it, and returns the
+// subject whose Act is act and whose Again is act's allocations once more
+// followed by EmptyCache.
+func allocScenario(name string, cfg Config, setup func(a *Allocator) error, act func(a *Allocator) error, again func(a *Allocator) error) vmmtest.Scenario {
+	return vmmtest.Scenario{Name: name, Setup: func(d vmm.Driver) (vmmtest.Subject, error) {
+		a, err := New(d, 0, cfg, nil)
+		if err != nil {
+			return vmmtest.Subject{}, err
+		}
+		s := vmmtest.Subject{Act: func() error { return act(a) }, Close: a.Close}
+		if again != nil {
+			s.Again = func() error { return errors.Join(again(a), a.EmptyCache()) }
+		}
+		if err := setup(a); err != nil {
+			return vmmtest.Subject{}, errors.Join(err, a.Close())
+		}
+		return s, nil
+	}}
+}
+
+// allocFree allocates size bytes and frees them.
+func allocFree(a *Allocator, size uint64) error {
+	p, err := a.Alloc(size, 0)
+	if err != nil {
+		return err
+	}
+	return a.Free(p)
+}
+
+func alloc(a *Allocator, sizes ...uint64) ([]vmm.DevicePtr, error) {
+	var ps []vmm.DevicePtr
+	for _, s := range sizes {
+		p, err := a.Alloc(s, 0)
+		if err != nil {
+			return ps, err
+		}
+		ps = append(ps, p)
+	}
+	return ps, nil
+}
+
+// TestFaultMatrix fails every driver operation of the allocator's and the
+// buffer's paths, alone and with the operation that undoes it; after each
+// case the object still works, Close reaches nil, and nothing is held.
+func TestFaultMatrix(t *testing.T) {
+	none := func(*Allocator) error { return nil }
+	threshold := matrixConfig()
+	threshold.ReleaseThreshold = 1 << 20
+	threshold.PageCacheBytes = 20 * mib
+	var held []vmm.DevicePtr
+	scenarios := []vmmtest.Scenario{
+		allocScenario("alloc", matrixConfig(), none,
+			func(a *Allocator) error { _, err := a.Alloc(50*mib, 0); return err },
+			func(a *Allocator) error { return allocFree(a, 50*mib) }),
+		allocScenario("grow", matrixConfig(),
+			func(a *Allocator) error { _, err := a.Alloc(10*mib, 0); return err },
+			func(a *Allocator) error { _, err := a.Alloc(50*mib, 0); return err },
+			func(a *Allocator) error { return allocFree(a, 50*mib) }),
+		allocScenario("release-threshold", threshold,
+			func(a *Allocator) error { var err error; held, err = alloc(a, 60*mib, 20*mib); return err },
+			func(a *Allocator) error { return a.Free(held[0]) },
+			func(a *Allocator) error { return allocFree(a, 60*mib) }),
+		allocScenario("steal", matrixConfig(),
+			func(a *Allocator) error {
+				var err error
+				if held, err = alloc(a, 40*mib, 20*mib); err != nil {
+					return err
+				}
+				return a.Free(held[0])
+			},
+			func(a *Allocator) error { _, err := a.Alloc(100*mib, 0); return err },
+			func(a *Allocator) error { return allocFree(a, 100*mib) }),
+		allocScenario("empty-cache", matrixConfig(),
+			func(a *Allocator) error {
+				var err error
+				if held, err = alloc(a, 60*mib, 1*mib, 20*mib); err != nil {
+					return err
+				}
+				return errors.Join(a.Free(held[0]), a.Free(held[1]))
+			},
+			func(a *Allocator) error { return a.EmptyCache() },
+			func(a *Allocator) error { return allocFree(a, 60*mib) }),
+		allocScenario("close", matrixConfig(),
+			func(a *Allocator) error {
+				var err error
+				if held, err = alloc(a, 60*mib, 1*mib, 20*mib, 3*mib); err != nil {
+					return err
+				}
+				return a.Free(held[2])
+			},
+			func(a *Allocator) error { return a.Close() }, nil),
+		bufferScenario("buffer-grow", BufferOptions{Shareable: true},
+			func(b *Buffer) error { return b.Grow(2 * mib) },
+			func(b *Buffer) error { return b.Grow(6 * mib) },
+			func(b *Buffer) error { return b.Grow(6 * mib) }),
+		bufferScenario("buffer-shrink", BufferOptions{},
+			func(b *Buffer) error { return b.Grow(8 * mib) },
+			func(b *Buffer) error { return b.Shrink(6 * mib) },
+			func(b *Buffer) error { return b.Shrink(0) }),
+		bufferScenario("buffer-close", BufferOptions{},
+			func(b *Buffer) error { return b.Grow(6 * mib) },
+			func(b *Buffer) error { return b.Close() }, nil),
+	}
+	open := func() (vmm.Driver, error) { return hostOpen(512 * mib) }
+	n := vmmtest.RunMatrix(t, open, scenarios)
+	require.Greater(t, n, 100)
+	if !t.Failed() {
+		t.Logf("fault matrix: %d cases, 0 leaks", n)
+	}
+}
+
+func bufferScenario(name string, opts BufferOptions, setup, act, again func(b *Buffer) error) vmmtest.Scenario {
+	return vmmtest.Scenario{Name: name, Setup: func(d vmm.Driver) (vmmtest.Subject, error) {
+		b, err := NewBuffer(d, 0, 64*mib, opts)
+		if err != nil {
+			return vmmtest.Subject{}, err
+		}
+		if err := setup(b); err != nil {
+			return vmmtest.Subject{}, errors.Join(err, b.Close())
+		}
+		s := vmmtest.Subject{Act: func() error { return act(b) }, Close: b.Close}
+		if again != nil {
+			s.Again = func() error { return again(b) }
+		}
+		return s, nil
+	}}
+}
