@@ -86,6 +86,19 @@ func (s *Share) send(c *net.UnixConn, batch int, leaseOnly bool) error {
 			raws = append(raws, fd.Int())
 		}
 	}
+	if !s.admit() {
+		_, _ = c.Write(encodeReply(statusUnknownShare, 0, "share closed"))
+		return fmt.Errorf("share served its last importer: %w", ErrNotOffered)
+	}
+	if err := s.sendFDs(c, batch, raws); err != nil {
+		s.served.Add(-1) // the slot goes to the next importer
+		return err
+	}
+	s.leases.Add(1) // under the read lock: Close cannot miss it
+	return nil
+}
+
+func (s *Share) sendFDs(c *net.UnixConn, batch int, raws []int) error {
 	if _, err := c.Write(encodeReply(statusOK, len(raws), "")); err != nil {
 		return err
 	}
@@ -95,7 +108,5 @@ func (s *Share) send(c *net.UnixConn, batch int, leaseOnly bool) error {
 			return fmt.Errorf("batch %d of %d fds: %w", i, len(part), err)
 		}
 	}
-	s.leases.Add(1) // under the read lock: Close cannot miss it
-	s.served.Add(1)
 	return nil
 }

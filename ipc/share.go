@@ -40,6 +40,7 @@ type Share struct {
 	// served counts the leases ever granted; limit (0: none) is how many
 	// make the share close itself, then calling done (see CloseAfter).
 	served, limit atomic.Int32
+	ended         atomic.Bool
 	done          atomic.Pointer[func()]
 
 	mu struct {
@@ -166,10 +167,24 @@ func (s *Share) CloseAfter(n int, done func()) error {
 	return nil
 }
 
-// closeIfServed closes the share once its limit of importers is reached.
+// admit takes one of the share's importer slots: always when it has no
+// limit, else while fewer than the limit have been served (counting those
+// being served now, so that two racing importers cannot both take the
+// last slot).
+func (s *Share) admit() bool {
+	lim := s.limit.Load()
+	if n := s.served.Add(1); lim > 0 && n > lim {
+		s.served.Add(-1)
+		return false
+	}
+	return true
+}
+
+// closeIfServed closes the share, once, when its limit of importers is
+// reached.
 func (s *Share) closeIfServed() {
 	lim := s.limit.Load()
-	if lim == 0 || s.served.Load() < lim || !s.limit.CompareAndSwap(lim, 0) {
+	if lim == 0 || s.served.Load() < lim || !s.ended.CompareAndSwap(false, true) {
 		return
 	}
 	if err := s.Close(); err != nil {
