@@ -115,15 +115,22 @@ func (m *mapped) openCUDAIPC(ctx context.Context, dev vmm.Device, opts OpenOptio
 	return nil
 }
 
-// teardownIPC undoes openCUDAIPC: drops the open and ends the lease.
+// teardownIPC undoes openCUDAIPC: drops the open and ends the lease. It
+// is retryable: if closing the allocation fails, the open is kept (with
+// its reference: release gives it back on failure) and the lease too, so
+// the exporter keeps the block for us and a later call tries again.
 func (m *mapped) teardownIPC() error {
-	var errs []error
 	if m.ipc != nil {
-		errs = append(errs, m.ipc.release())
+		if err := m.ipc.release(); err != nil {
+			return fmt.Errorf("kept open: %w", err)
+		}
 		m.ipc = nil
 	}
 	if m.recv != nil {
-		errs = append(errs, m.recv.Close())
+		if err := m.recv.Close(); err != nil {
+			return err
+		}
+		m.recv = nil
 	}
-	return errors.Join(errs...)
+	return nil
 }
