@@ -80,12 +80,12 @@
 // ([OpenOptions].Access vmm.AccessRead maps it read-only). A 4 KiB block
 // of the small pool exposes its whole 2 MiB page, neighbouring blocks
 // included; a block of the fallback allocator exposes its whole segment
-// (a plain allocation). To share a block and nothing else, allocate it a
-// multiple of the large page size (20 MiB by default) in a place where it
-// starts on a page boundary (the first block of a fresh shareable
-// allocator does; the allocator does not align blocks to pages on its
-// own), and check the share's descriptor: Offset 0 and Length equal to
-// Bytes() mean the importer can reach the block and nothing else.
+// (a plain allocation). To share blocks and nothing else, make the
+// expandable allocator with Config.WholePages (XSEG_CONF whole_pages:true,
+// with shareable:true): every block is then rounded up to whole pages of
+// its pool and starts on a page boundary, so the pages a share exposes are
+// the block's own (the rounding is the price: a 4 KiB block takes a 2 MiB
+// page). The descriptor's Offset 0 shows it.
 //
 // # Plain allocations
 //

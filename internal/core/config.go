@@ -67,6 +67,11 @@ type Config struct {
 	// Shareable creates pages exportable as POSIX file descriptors (for
 	// IPC). It costs one file descriptor per page on the host backend.
 	Shareable bool
+	// WholePages rounds every block up to whole pages of its pool, so
+	// that sharing a block (which exports whole pages) exposes nothing
+	// but the block, at the cost of the rounding. The expandable
+	// allocator only: a fallback block shares its whole segment.
+	WholePages bool
 }
 
 // DefaultConfig returns the defaults: 2 MiB small pages for requests up to
@@ -114,6 +119,7 @@ func (c Config) Validate() error {
 //	oom_delay_ms, oom_wait_ms      OOMDelay, OOMWait (milliseconds)
 //	oom_size_factor                OOMSizeFactor
 //	oom_verbose, shareable         OOMVerbose, Shareable (true/false/1/0)
+//	whole_pages                    WholePages (true/false/1/0)
 //
 // and the seed allocator's names OOM_MAX_RETRIES, OOM_DELAY_MS,
 // OOM_SIZE_FACTOR and OOM_VERBOSE as aliases.
@@ -129,6 +135,7 @@ var configKeys = map[string]func(c *Config, v string) error{
 	"oom_size_factor":      setFactor,
 	"oom_verbose":          boolean(func(c *Config) *bool { return &c.OOMVerbose }),
 	"shareable":            boolean(func(c *Config) *bool { return &c.Shareable }),
+	"whole_pages":          boolean(func(c *Config) *bool { return &c.WholePages }),
 }
 
 // envAliases are the seed allocator's names, accepted as keys of XSEG_CONF

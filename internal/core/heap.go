@@ -83,6 +83,25 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 func (h *Heap) Config() Config { return h.cfg }
 
 // PoolOf returns the pool of a request of size bytes (rounded).
+// wholePages rounds rs, a request of pool p, up to whole pages of that
+// pool when Config.WholePages asks for it: every block of the pool is
+// then a run of whole pages starting on a page boundary (blocks tile a
+// segment from its page-aligned base), so sharing one exposes nothing
+// else. Sizes that would overflow are left for the size check to refuse.
+func (h *Heap) wholePages(rs uint64, p Pool) uint64 {
+	if !h.cfg.WholePages {
+		return rs
+	}
+	ps := h.cfg.LargePageSize
+	if p == Small {
+		ps = h.cfg.SmallPageSize
+	}
+	if r := roundUp(rs, ps); r >= rs {
+		return r
+	}
+	return rs
+}
+
 func (h *Heap) PoolOf(size uint64) Pool {
 	if size <= h.cfg.SmallLimit {
 		return Small
@@ -135,6 +154,8 @@ func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.De
 		return 0, fmt.Errorf("allocating 0 bytes: %w", vmm.ErrInvalid)
 	}
 	rs := RoundSize(size)
+	pool := h.PoolOf(rs)
+	rs = h.wholePages(rs, pool)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.mu.closed {
@@ -151,7 +172,7 @@ func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.De
 	var st *state
 	if len(h.mu.routes) > 0 || !id.IsZero() {
 		var err error
-		if st, err = h.privateStateLocked(id, s, rs); err != nil {
+		if st, err = h.privateStateLocked(id, s, rs, pool); err != nil {
 			return 0, err
 		}
 	} else if len(h.mu.deferred) > 0 {
@@ -161,7 +182,7 @@ func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.De
 		h.pollLocked()
 	}
 	if st == nil {
-		st = h.stateLocked(s, h.PoolOf(rs))
+		st = h.stateLocked(s, pool)
 	}
 	b := st.popExact(rs)
 	if b == nil {
@@ -254,15 +275,15 @@ func (h *Heap) Free(ptr vmm.DevicePtr) error {
 // privateStateLocked returns the state of private pool id for an
 // allocation of rs bytes on stream s; with the zero id, the state an active
 // route picks, or nil.
-func (h *Heap) privateStateLocked(id PoolID, s vmm.Stream, rs uint64) (*state, error) {
+func (h *Heap) privateStateLocked(id PoolID, s vmm.Stream, rs uint64, p Pool) (*state, error) {
 	if id.IsZero() {
-		return h.routeLocked(s, rs), nil
+		return h.routeLocked(s, p), nil
 	}
 	pp := h.mu.pools[id]
 	if pp == nil || pp.uses == 0 {
 		return nil, fmt.Errorf("allocating %d bytes in pool %v: the pool is not retained: %w", rs, id, vmm.ErrInvalid)
 	}
-	return h.poolStateLocked(pp, s, h.PoolOf(rs)), nil
+	return h.poolStateLocked(pp, s, p), nil
 }
 
 // unallocateLocked takes freed block b out of the allocated statistics.

@@ -280,12 +280,12 @@ func (h *Heap) poolStateLocked(pp *privatePool, s vmm.Stream, p Pool) *state {
 	return st
 }
 
-// routeLocked returns the state of a private pool an allocation of rs bytes
+// routeLocked returns the state of a private pool an allocation of pool p
 // on stream s goes to, or nil for the shared pools.
-func (h *Heap) routeLocked(s vmm.Stream, rs uint64) *state {
+func (h *Heap) routeLocked(s vmm.Stream, p Pool) *state {
 	for _, r := range h.mu.routes {
 		if r.filter != nil && r.filter(s) {
-			return h.poolStateLocked(h.mu.pools[r.id], s, h.PoolOf(rs))
+			return h.poolStateLocked(h.mu.pools[r.id], s, p)
 		}
 	}
 	return nil
