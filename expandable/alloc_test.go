@@ -8,10 +8,11 @@ import (
 
 	"github.com/xseg-dev/xseg/internal/core"
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 func TestBadInput(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	a := newAlloc(t, d, DefaultConfig())
 	p, err := a.Alloc(4096, 0)
 	require.NoError(t, err)
@@ -44,7 +45,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestNewChecksPageSizes(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	cfg := DefaultConfig()
 	cfg.LargePageSize = 3 << 20
 	_, err := New(d, 0, cfg, nil)
@@ -53,7 +54,7 @@ func TestNewChecksPageSizes(t *testing.T) {
 }
 
 func TestRoundingSplitAndReuse(t *testing.T) {
-	a := newAlloc(t, hostDriver(t, 1<<30), DefaultConfig())
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), DefaultConfig())
 	p, err := a.Alloc(1, 0)
 	require.NoError(t, err)
 	q, err := a.Alloc(700, 0)
@@ -96,7 +97,7 @@ func (g *gated) EventSynchronize(e vmm.Event) error {
 }
 
 func TestStreamOrderedReuse(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	g := &gated{Driver: d}
 	a := newAlloc(t, g, DefaultConfig())
 	s, err := d.StreamCreate(0)
@@ -131,7 +132,7 @@ func TestStreamOrderedReuse(t *testing.T) {
 }
 
 func TestEmptyCacheWaitsForPendingBlocks(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	g := &gated{Driver: d}
 	a := newAlloc(t, g, DefaultConfig())
 	s, err := d.StreamCreate(0)
@@ -157,7 +158,7 @@ func TestEmptyCacheWaitsForPendingBlocks(t *testing.T) {
 func TestPageCacheReuse(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.ReleaseThreshold = 1 // unmap every free page at once
-	a := newAlloc(t, hostDriver(t, 1<<30), cfg)
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), cfg)
 	p, err := a.Alloc(40<<20, 0)
 	require.NoError(t, err)
 	require.NoError(t, a.Free(p))
@@ -178,7 +179,7 @@ func TestReleaseThreshold(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.ReleaseThreshold = 50 << 20
 	cfg.PageCacheBytes = 0
-	a := newAlloc(t, hostDriver(t, 1<<30), cfg)
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), cfg)
 	keep, err := a.Alloc(1<<20+512, 0)
 	require.NoError(t, err)
 	p, err := a.Alloc(200<<20, 0)
@@ -192,7 +193,7 @@ func TestReleaseThreshold(t *testing.T) {
 }
 
 func TestSnapshot(t *testing.T) {
-	a := newAlloc(t, hostDriver(t, 1<<30), DefaultConfig())
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), DefaultConfig())
 	p, err := a.Alloc(3<<20, 0)
 	require.NoError(t, err)
 	snap := a.Snapshot()

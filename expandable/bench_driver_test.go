@@ -10,13 +10,14 @@ import (
 
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/cuda"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 // benchDriver is the backend of the *Driver benchmarks: CUDA when
 // XSEG_BENCH_BACKEND=cuda (the GPU machine), else the host backend.
 func benchDriver(b testing.TB) vmm.Driver {
 	if os.Getenv("XSEG_BENCH_BACKEND") != "cuda" {
-		return hostDriver(b, 0)
+		return vmmtest.HostDriver(b, 0)
 	}
 	d, err := cuda.Open()
 	require.NoError(b, err)

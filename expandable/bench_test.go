@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 // benchSizes are the request sizes the cached benchmarks cycle through,
@@ -35,7 +36,7 @@ func warm(b *testing.B, a *Allocator, s vmm.Stream) {
 // BenchmarkAllocFreeCached is one Alloc and one Free of a size the cache
 // holds, sizes cycling from 512 B to 100 MiB.
 func BenchmarkAllocFreeCached(b *testing.B) {
-	a := newAlloc(b, hostDriver(b, 0), DefaultConfig())
+	a := newAlloc(b, vmmtest.HostDriver(b, 0), DefaultConfig())
 	warm(b, a, 0)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -55,7 +56,7 @@ func BenchmarkAllocFreeCached(b *testing.B) {
 // BenchmarkAllocFreeCachedParallel runs the pairs from GOMAXPROCS
 // goroutines on one stream.
 func BenchmarkAllocFreeCachedParallel(b *testing.B) {
-	a := newAlloc(b, hostDriver(b, 0), DefaultConfig())
+	a := newAlloc(b, vmmtest.HostDriver(b, 0), DefaultConfig())
 	for range 8 {
 		warm(b, a, 0)
 	}
@@ -81,7 +82,7 @@ func BenchmarkAllocFreeCachedParallel(b *testing.B) {
 func benchGrow(b *testing.B, pages uint64) {
 	cfg := DefaultConfig()
 	cfg.PageCacheBytes = 0
-	a := newAlloc(b, hostDriver(b, 0), cfg)
+	a := newAlloc(b, vmmtest.HostDriver(b, 0), cfg)
 	size := pages * cfg.LargePageSize
 	b.ResetTimer()
 	for b.Loop() {

@@ -39,7 +39,7 @@ func readBack(t *testing.T, d vmm.Driver, at vmm.DevicePtr, n int) []byte {
 }
 
 func TestBufferGrowKeepsAddressAndData(t *testing.T) {
-	f := vmmtest.NewFaulty(hostDriver(t, 1<<30))
+	f := vmmtest.NewFaulty(vmmtest.HostDriver(t, 1<<30))
 	b := newBuffer(t, f, 63*mib, BufferOptions{})
 	require.Equal(t, uint64(64*mib), b.Max(), "max rounds up to whole pages")
 	require.Zero(t, b.Len())
@@ -70,7 +70,7 @@ func TestBufferGrowKeepsAddressAndData(t *testing.T) {
 }
 
 func TestBufferGrowPastMax(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	b := newBuffer(t, d, 8*mib, BufferOptions{})
 	require.NoError(t, b.Grow(6*mib))
 	err := b.Grow(2*mib + 1)
@@ -97,7 +97,7 @@ func TestBufferDriverFailureChangesNothing(t *testing.T) {
 		{vmmtest.OpSetAccess, 1, false},
 	} {
 		t.Run(string(c.op), func(t *testing.T) {
-			d := hostDriver(t, 1<<30)
+			d := vmmtest.HostDriver(t, 1<<30)
 			f := vmmtest.NewFaulty(d)
 			b := newBuffer(t, f, 64*mib, BufferOptions{})
 			require.NoError(t, b.Grow(3*mib))
@@ -124,7 +124,7 @@ func TestBufferDriverFailureChangesNothing(t *testing.T) {
 }
 
 func TestBufferShrink(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	b := newBuffer(t, d, 64*mib, BufferOptions{})
 	require.NoError(t, b.Grow(10*mib))
 	data := pattern(5, 3*mib)
@@ -166,7 +166,7 @@ func TestBufferShrink(t *testing.T) {
 }
 
 func TestBufferShrinkUnmapFailure(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	f := vmmtest.NewFaulty(d)
 	b := newBuffer(t, f, 64*mib, BufferOptions{})
 	require.NoError(t, b.Grow(8*mib))
@@ -183,7 +183,7 @@ func TestBufferShrinkUnmapFailure(t *testing.T) {
 }
 
 func TestBufferClose(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	b, err := NewBuffer(d, 0, 64*mib, BufferOptions{})
 	require.NoError(t, err)
 	require.NoError(t, b.Grow(5*mib))
@@ -197,7 +197,7 @@ func TestBufferClose(t *testing.T) {
 }
 
 func TestNewBufferBadInput(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	_, err := NewBuffer(d, 0, 0, BufferOptions{})
 	require.ErrorIs(t, err, vmm.ErrInvalid)
 	_, err = NewBuffer(d, 0, 64*mib, BufferOptions{PageSize: 3 * mib})
@@ -218,7 +218,7 @@ func TestNewBufferBadInput(t *testing.T) {
 // exported fds, as another process would, and sees the buffer's contents;
 // while pinned, the pages cannot be shrunk away.
 func TestBufferPinShare(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	b := newBuffer(t, d, 64*mib, BufferOptions{Shareable: true})
 	_, err := b.PinBlock(b.Ptr())
 	require.ErrorIs(t, err, vmm.ErrInvalid, "empty")
@@ -271,7 +271,7 @@ func TestBufferPinShare(t *testing.T) {
 }
 
 func TestBufferConcurrentGrow(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	b := newBuffer(t, d, 256*mib, BufferOptions{})
 	var wg sync.WaitGroup
 	for range 8 {

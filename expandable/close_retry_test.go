@@ -13,7 +13,7 @@ import (
 // could not give back and returns the error; later Closes try again,
 // returning the error until they succeed, then nil.
 func TestCloseRetriesFailedUnmap(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	f := vmmtest.NewFaulty(d)
 	a, err := New(f, 0, matrixConfig(), nil)
 	require.NoError(t, err)
@@ -38,7 +38,7 @@ func TestCloseRetriesFailedUnmap(t *testing.T) {
 // growth over them works (it used to fail on the overlap), and EmptyCache
 // and Close give them back.
 func TestGrowthAfterFailedUndo(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	f := vmmtest.NewChained(d)
 	a := newAlloc(t, f, matrixConfig())
 	f.FailNthThen(vmmtest.OpMap, 3, vmmtest.OpUnmap)
@@ -64,7 +64,7 @@ func TestGrowthAfterFailedUndo(t *testing.T) {
 // they were and keeps the stuck page, which the next Grow or Close gives
 // back.
 func TestBufferGrowFailedUndo(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	f := vmmtest.NewChained(d)
 	b, err := NewBuffer(f, 0, 64*mib, BufferOptions{})
 	require.NoError(t, err)

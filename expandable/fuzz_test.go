@@ -224,7 +224,7 @@ func runFaulty(t *testing.T, a *Allocator, streams []vmm.Stream, ops []byte) (fi
 }
 
 func TestConcurrentStress(t *testing.T) {
-	d := hostDriver(t, 0)
+	d := vmmtest.HostDriver(t, 0)
 	a := newAlloc(t, d, DefaultConfig())
 	streams := []vmm.Stream{0}
 	for range 2 {

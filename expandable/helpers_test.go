@@ -7,19 +7,7 @@ import (
 
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/host"
-	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
-
-// hostDriver opens a host driver of the given capacity (0: the default)
-// that the test closes at its end, after checking that nothing leaked.
-func hostDriver(t testing.TB, capacity uint64) *host.Driver {
-	t.Helper()
-	d, err := host.Open(host.Options{Capacity: capacity})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, d.Close()) })
-	vmmtest.CheckLeaks(t, d)
-	return d
-}
 
 // newAlloc makes an allocator over d that the test closes at its end.
 func newAlloc(t testing.TB, d vmm.Driver, cfg Config) *Allocator {

@@ -8,10 +8,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 func TestOOMEmptiesAnotherStreamsCache(t *testing.T) {
-	d := hostDriver(t, 100<<20) // five 20 MiB pages
+	d := vmmtest.HostDriver(t, 100<<20) // five 20 MiB pages
 	a := newAlloc(t, d, DefaultConfig())
 	s, err := d.StreamCreate(0)
 	require.NoError(t, err)
@@ -33,7 +34,7 @@ func TestOOMEmptiesAnotherStreamsCache(t *testing.T) {
 }
 
 func TestOOMErrorSaysWhat(t *testing.T) {
-	d := hostDriver(t, 100<<20)
+	d := vmmtest.HostDriver(t, 100<<20)
 	cfg := DefaultConfig()
 	cfg.OOMMaxRetries = 2
 	cfg.OOMDelay = time.Millisecond
@@ -52,7 +53,7 @@ func TestOOMErrorSaysWhat(t *testing.T) {
 }
 
 func TestOOMWaitsForFrees(t *testing.T) {
-	d := hostDriver(t, 100<<20)
+	d := vmmtest.HostDriver(t, 100<<20)
 	cfg := DefaultConfig()
 	cfg.OOMWait = 5 * time.Second
 	a := newAlloc(t, d, cfg)
@@ -72,7 +73,7 @@ func TestOOMWaitsForFrees(t *testing.T) {
 }
 
 func TestAllocAtMost(t *testing.T) {
-	d := hostDriver(t, 100<<20)
+	d := vmmtest.HostDriver(t, 100<<20)
 	a := newAlloc(t, d, DefaultConfig())
 	p, size, err := a.AllocAtMost(1<<30, 10<<20, 0)
 	require.NoError(t, err)

@@ -2,14 +2,12 @@ package expandable
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,39 +38,6 @@ func onStream(s vmm.Stream) func(vmm.Stream) bool {
 var forbiddenOps = []vmmtest.Op{vmmtest.OpEventQuery, vmmtest.OpEventRecord, vmmtest.OpEventSynchronize,
 	vmmtest.OpStreamSynchronize, vmmtest.OpDeviceSynchronize, vmmtest.OpUnmap, vmmtest.OpMemFree}
 
-// logRecorder is a slog handler that keeps the messages and calls onMsg.
-type logRecorder struct {
-	mu    sync.Mutex
-	msgs  []string
-	onMsg func(string)
-}
-
-func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
-
-func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	msg := r.Message
-	r.Attrs(func(a slog.Attr) bool {
-		msg += " " + a.String()
-		return true
-	})
-	l.mu.Lock()
-	l.msgs = append(l.msgs, msg)
-	f := l.onMsg
-	l.mu.Unlock()
-	if f != nil {
-		f(r.Message)
-	}
-	return nil
-}
-
-func (l *logRecorder) contains(sub string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.ContainsFunc(l.msgs, func(m string) bool { return strings.Contains(m, sub) })
-}
-
 // poolEnv is an allocator over Faulty(vmmtest.CaptureGuard(host)) with a capture
 // stream s and a side stream.
 type poolEnv struct {
@@ -80,30 +45,18 @@ type poolEnv struct {
 	host    *host.Driver
 	g       *vmmtest.CaptureGuard
 	f       *vmmtest.Faulty
-	log     *logRecorder
+	log     *vmmtest.LogRecorder
 	a       *Allocator
 	s, side vmm.Stream
 }
 
 func newPoolEnv(t *testing.T, capacity uint64, cfg Config) *poolEnv {
 	t.Helper()
-	hd := hostDriver(t, capacity)
-	g := &vmmtest.CaptureGuard{Driver: hd}
-	f := vmmtest.NewFaulty(g)
-	lg := &logRecorder{}
-	a, err := New(f, 0, cfg, slog.New(lg))
-	require.NoError(t, err)
-	s, err := hd.StreamCreate(0)
-	require.NoError(t, err)
-	side, err := hd.StreamCreate(0)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		g.Armed.Store(0)
-		require.NoError(t, a.Close())
-		require.NoError(t, hd.StreamDestroy(s))
-		require.NoError(t, hd.StreamDestroy(side))
+	hd := vmmtest.HostDriver(t, capacity)
+	env, a := vmmtest.NewCaptureEnv(t, hd, func(d vmm.Driver, log *slog.Logger) (*Allocator, error) {
+		return New(d, 0, cfg, log)
 	})
-	return &poolEnv{t: t, host: hd, g: g, f: f, log: lg, a: a, s: s, side: side}
+	return &poolEnv{t: t, host: hd, g: env.G, f: env.F, log: env.Log, a: a, s: env.S, side: env.Side}
 }
 
 // begin begins a capture into pool id and arms the guard.
@@ -1038,7 +991,7 @@ func TestPoolGiveBackFaults(t *testing.T) {
 		require.NoError(t, e.a.ReleasePool(A))
 		e.f.FailNth(vmmtest.OpDeviceSynchronize, 1, nil)
 		e.end(B) // no error: the give-back of another pool is logged
-		require.True(t, e.log.contains("giving a released pool's memory back"), "the failure is logged")
+		require.True(t, e.log.Contains("giving a released pool's memory back"), "the failure is logged")
 		require.NotEmpty(t, poolSegments(e.a, A))
 		consistent(e)
 		require.NoError(t, e.a.ReleasePool(B))
@@ -1053,7 +1006,7 @@ func TestPoolGiveBackFaults(t *testing.T) {
 		require.NoError(t, e.a.ReleasePool(A))
 		e.f.FailNth(vmmtest.OpUnmap, 1, nil)
 		require.NoError(t, e.a.Free(p), "the block is freed; the give-back failure is logged")
-		require.True(t, e.log.contains("giving a released pool's memory back"))
+		require.True(t, e.log.Contains("giving a released pool's memory back"))
 		require.Equal(t, core.BlockFree, blockState(t, e.a, p))
 		consistent(e)
 		gone(e, A)
@@ -1067,7 +1020,7 @@ func TestPoolGiveBackFaults(t *testing.T) {
 		e.free(x)
 		e.f.FailNth(vmmtest.OpEventRecord, 1, nil)
 		e.end(B)
-		require.True(t, e.log.contains("recording the events of a free deferred"))
+		require.True(t, e.log.Contains("recording the events of a free deferred"))
 		require.Equal(t, core.BlockPending, blockState(t, e.a, x), "a deferred free whose event failed stays deferred")
 		require.NotEqual(t, x, e.allocIn(B, 1<<20, e.s))
 		// The next allocation outside any capture retries it.
@@ -1288,7 +1241,7 @@ func TestPoolConcurrent(t *testing.T) {
 // dereference at internal/core/heap.go:215. Not pool-specific: any
 // workload with 4096 parked blocks in one (stream, pool) crashes.
 func TestRegressionFreeAfterCoalesce(t *testing.T) {
-	a := newAlloc(t, hostDriver(t, 1<<30), DefaultConfig())
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), DefaultConfig())
 	var ps []vmm.DevicePtr
 	for range 4200 {
 		p, err := a.Alloc(512, 0)
@@ -1358,16 +1311,14 @@ func TestRegressionThresholdCountsPoolFreeBytes(t *testing.T) {
 // call waits for the sleep to begin).
 func oomSleeper(e *poolEnv) <-chan struct{} {
 	sleeping := make(chan struct{}, 1)
-	e.log.mu.Lock()
-	e.log.onMsg = func(msg string) {
+	e.log.SetOnMsg(func(msg string) {
 		if msg == "xseg: out of memory, retrying after a delay" {
 			select {
 			case sleeping <- struct{}{}:
 			default:
 			}
 		}
-	}
-	e.log.mu.Unlock()
+	})
 	return sleeping
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 // traceEvent is one line of a trace: an allocation (size > 0) or a free.
@@ -123,7 +124,7 @@ func TestReplayTraces(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			evs := readTrace(t, filepath.Join("..", "bench", "traces", tc.name+".trace.gz"))
-			a := newAlloc(t, hostDriver(t, 0), DefaultConfig())
+			a := newAlloc(t, vmmtest.HostDriver(t, 0), DefaultConfig())
 			r := replay(t, a, evs)
 			st := a.Stats()
 			t.Logf("%s: %d events, peak live %d, peak reserved %d, ratio %.5f, %v/event, maps %d, set-access calls %d",

@@ -7,6 +7,7 @@ import (
 
 	"github.com/xseg-dev/xseg/internal/core"
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 const (
@@ -20,7 +21,7 @@ const (
 // 128 TiB of x86-64 address space ran out. A stream other than the
 // default one now reserves in proportion to what it uses.
 func TestThousandStreams(t *testing.T) {
-	d := hostDriver(t, tib)
+	d := vmmtest.HostDriver(t, tib)
 	streams := make([]vmm.Stream, 1000)
 	for i := range streams {
 		s, err := d.StreamCreate(0)
@@ -57,7 +58,7 @@ func TestThousandStreams(t *testing.T) {
 // segment's end; another stream's segments grow geometrically, so few are
 // made however far it grows.
 func TestReservationsGrowGeometrically(t *testing.T) {
-	d := hostDriver(t, tib)
+	d := vmmtest.HostDriver(t, tib)
 	s, err := d.StreamCreate(0)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, d.StreamDestroy(s)) })

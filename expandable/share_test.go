@@ -6,10 +6,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 func TestPinBlockNeedsShareable(t *testing.T) {
-	d := hostDriver(t, 0)
+	d := vmmtest.HostDriver(t, 0)
 	a := newAlloc(t, d, DefaultConfig())
 	p, err := a.Alloc(1<<20, 0)
 	require.NoError(t, err)
@@ -23,7 +24,7 @@ func TestPinBlockNeedsShareable(t *testing.T) {
 // TestPinnedBlockOutlivesFree: a freed pinned block is not reused, its
 // pages survive EmptyCache, and the last unpin makes it free.
 func TestPinnedBlockOutlivesFree(t *testing.T) {
-	d := hostDriver(t, 0)
+	d := vmmtest.HostDriver(t, 0)
 	cfg := DefaultConfig()
 	cfg.Shareable = true
 	a := newAlloc(t, d, cfg)

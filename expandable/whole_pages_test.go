@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 // With whole_pages every block is whole pages of its own, so sharing it
@@ -15,7 +16,7 @@ func TestWholePagesShareOnlyTheBlock(t *testing.T) {
 	for _, whole := range []bool{false, true} {
 		cfg := DefaultConfig()
 		cfg.Shareable, cfg.WholePages = true, whole
-		a := newAlloc(t, hostDriver(t, 0), cfg)
+		a := newAlloc(t, vmmtest.HostDriver(t, 0), cfg)
 		pin := func(size uint64) (vmm.DevicePtr, []vmm.Handle, uint64, uint64) {
 			p, err := a.Alloc(size, 0)
 			require.NoError(t, err)

@@ -11,7 +11,7 @@ import (
 
 // faulty wraps a leak-checked host driver in the fault injector.
 func faulty(t *testing.T, capacity uint64) *vmmtest.Faulty {
-	return vmmtest.NewFaulty(hostDriver(t, capacity))
+	return vmmtest.NewFaulty(vmmtest.HostDriver(t, capacity))
 }
 
 func TestMemAllocFailureChangesNothing(t *testing.T) {

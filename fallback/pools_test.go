@@ -2,11 +2,8 @@ package fallback
 
 import (
 	"bytes"
-	"context"
 	"log/slog"
 	"slices"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,56 +22,23 @@ import (
 // the device on CUDA) instead of unmap, and the allocator's own release
 // threshold, which calls EmptyCache.
 
-type logRecorder struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
-func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.msgs = append(l.msgs, r.Message)
-	return nil
-}
-
-func (l *logRecorder) contains(sub string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.ContainsFunc(l.msgs, func(m string) bool { return strings.Contains(m, sub) })
-}
-
 type poolEnv struct {
 	t       *testing.T
 	host    *host.Driver
 	g       *vmmtest.CaptureGuard
 	f       *vmmtest.Faulty
-	log     *logRecorder
+	log     *vmmtest.LogRecorder
 	a       *Allocator
 	s, side vmm.Stream
 }
 
 func newPoolEnv(t *testing.T, capacity uint64, cfg Config) *poolEnv {
 	t.Helper()
-	hd := hostDriver(t, capacity)
-	g := &vmmtest.CaptureGuard{Driver: hd}
-	f := vmmtest.NewFaulty(g)
-	lg := &logRecorder{}
-	a, err := New(f, 0, cfg, slog.New(lg))
-	require.NoError(t, err)
-	s, err := hd.StreamCreate(0)
-	require.NoError(t, err)
-	side, err := hd.StreamCreate(0)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		g.Armed.Store(0)
-		require.NoError(t, a.Close())
-		require.NoError(t, hd.StreamDestroy(s))
-		require.NoError(t, hd.StreamDestroy(side))
+	hd := vmmtest.HostDriver(t, capacity)
+	env, a := vmmtest.NewCaptureEnv(t, hd, func(d vmm.Driver, log *slog.Logger) (*Allocator, error) {
+		return New(d, 0, cfg, log)
 	})
-	return &poolEnv{t: t, host: hd, g: g, f: f, log: lg, a: a, s: s, side: side}
+	return &poolEnv{t: t, host: hd, g: env.G, f: env.F, log: env.Log, a: a, s: env.S, side: env.Side}
 }
 
 func pid(n uint64) core.PoolID { return core.PoolID{Second: n} }
@@ -279,7 +243,7 @@ func TestPools(t *testing.T) {
 			big := e.alloc(50*mib, e.s)         // a new segment of the pool
 			e.free(e.alloc(40*mib, 0), big, sh) // frees above the threshold: no segment is freed
 			require.ErrorIs(e.t, e.a.EmptyCache(), vmm.ErrInUse)
-			require.True(e.t, e.log.contains("releasing free segments above the release threshold"), "the refused release is logged")
+			require.True(e.t, e.log.Contains("releasing free segments above the release threshold"), "the refused release is logged")
 			require.NoError(e.t, e.a.ReleasePool(B))
 			require.NotEmpty(e.t, e.segments(B))
 			e.noViolations()
@@ -365,7 +329,7 @@ func TestPools(t *testing.T) {
 			require.NoError(e.t, e.a.ReleasePool(A))
 			e.f.FailNth(vmmtest.OpDeviceSynchronize, 1, nil)
 			e.end(B)
-			require.True(e.t, e.log.contains("giving a released pool's memory back"))
+			require.True(e.t, e.log.Contains("giving a released pool's memory back"))
 			require.Len(e.t, e.segments(A), 1)
 			require.NoError(e.t, e.a.ReleasePool(B))
 			require.NoError(e.t, e.a.EmptyCache())

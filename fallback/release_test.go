@@ -7,12 +7,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 // TestEmptyCacheReleasesWholeFreeSegments: EmptyCache frees the segments
 // with nothing allocated and keeps the others, contents intact.
 func TestEmptyCacheReleasesWholeFreeSegments(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	a := newAlloc(t, d, DefaultConfig())
 	keep, err := a.Alloc(3*mib, 0)
 	require.NoError(t, err)
@@ -48,7 +49,7 @@ func TestEmptyCacheReleasesWholeFreeSegments(t *testing.T) {
 // TestOOMReleasesOtherStreamsSegments: a free segment cached for another
 // stream is given back when the device runs out, and the request is met.
 func TestOOMReleasesOtherStreamsSegments(t *testing.T) {
-	d := hostDriver(t, 100*mib)
+	d := vmmtest.HostDriver(t, 100*mib)
 	a := newAlloc(t, d, DefaultConfig())
 	s, err := d.StreamCreate(0)
 	require.NoError(t, err)
@@ -70,7 +71,7 @@ func TestOOMReleasesOtherStreamsSegments(t *testing.T) {
 }
 
 func TestOOMErrorSaysWhat(t *testing.T) {
-	d := hostDriver(t, 100*mib)
+	d := vmmtest.HostDriver(t, 100*mib)
 	cfg := DefaultConfig()
 	cfg.OOMMaxRetries = 2
 	cfg.OOMDelay = time.Millisecond
@@ -95,7 +96,7 @@ func TestOOMErrorSaysWhat(t *testing.T) {
 // TestReleaseThreshold: Free gives wholly free segments back once the free
 // reserved bytes pass the threshold.
 func TestReleaseThreshold(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	cfg := DefaultConfig()
 	cfg.ReleaseThreshold = 30 * mib
 	a := newAlloc(t, d, cfg)
@@ -121,7 +122,7 @@ func TestReleaseThreshold(t *testing.T) {
 // which no release can give back, raises the bar for the next release, so
 // that not every Free runs one; wholly free segments still go back.
 func TestReleaseThresholdFragmented(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	cfg := DefaultConfig()
 	cfg.ReleaseThreshold = 10 * mib
 	a := newAlloc(t, d, cfg)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/xseg-dev/xseg/internal/core"
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 const mib = 1 << 20
@@ -35,7 +36,7 @@ func TestSegmentSize(t *testing.T) {
 // small requests share a 2 MiB segment, 1 to 10 MiB requests a 20 MiB
 // one, and a larger request gets its own segment, each one allocation.
 func TestSegmentsAsPyTorch(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	a := newAlloc(t, d, DefaultConfig())
 	var small []vmm.DevicePtr
 	for range 4 {
@@ -74,7 +75,7 @@ func TestSegmentsAsPyTorch(t *testing.T) {
 // TestSplitAndMerge: blocks split a segment and merge back when freed, so
 // the whole segment serves a request of its size without a new one.
 func TestSplitAndMerge(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	a := newAlloc(t, d, DefaultConfig())
 	var ps []vmm.DevicePtr
 	for range 4 {
@@ -102,7 +103,7 @@ func TestSplitAndMerge(t *testing.T) {
 }
 
 func TestNewRefusesBadConfig(t *testing.T) {
-	d := hostDriver(t, 1<<30)
+	d := vmmtest.HostDriver(t, 1<<30)
 	cfg := DefaultConfig()
 	cfg.LargePageSize = 1000
 	_, err := New(d, 0, cfg, nil)

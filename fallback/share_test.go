@@ -6,13 +6,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 // TestPinBlock: a pin names the block's segment and its place in it; a
 // freed pinned block is not reused and keeps its segment through
 // EmptyCache; the last unpin frees it.
 func TestPinBlock(t *testing.T) {
-	d := hostDriver(t, 0)
+	d := vmmtest.HostDriver(t, 0)
 	a := newAlloc(t, d, DefaultConfig())
 	pre, err := a.Alloc(3<<20, 0)
 	require.NoError(t, err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/xseg-dev/xseg/internal/core"
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 // Tests of issue 15 (items 5, 6, 9, 10) on both allocators over the host
@@ -21,7 +22,7 @@ func TestAllocAtMostBoundedSteps(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
 		cfg := core.DefaultConfig()
 		cfg.OOMSizeFactor = 0.9999999999999999
-		a := newAlloc(t, k, hostDriver(t, 1<<30), cfg)
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), cfg)
 		held, err := a.Alloc(512*mib, 0)
 		require.NoError(t, err)
 		r := allocAtMostWithin(t, a, 1<<30, mib)
@@ -68,7 +69,7 @@ func TestAllocAtMostBoundedStepsFails(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
 		cfg := core.DefaultConfig()
 		cfg.OOMSizeFactor = 0.9999999999999999
-		a := newAlloc(t, k, hostDriver(t, 256*mib), cfg)
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 256*mib), cfg)
 		held, err := a.Alloc(240*mib, 0)
 		require.NoError(t, err)
 		r := allocAtMostWithin(t, a, 256*mib, 100*mib)
@@ -85,7 +86,7 @@ func TestAllocAtMostBoundedStepsFails(t *testing.T) {
 // stream is now vmm.ErrInvalid and changes nothing.
 func TestUnknownStreamRefused(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, hostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
 		const bad = vmm.Stream(0xdeadbeef)
 		_, err := a.Alloc(mib, bad)
 		require.ErrorIs(t, err, vmm.ErrInvalid)
@@ -106,7 +107,7 @@ func TestUnknownStreamRefused(t *testing.T) {
 // stream destroyed and found so is checked again and refused.
 func TestStreamCheckedOnce(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		d := hostDriver(t, 1<<30)
+		d := vmmtest.HostDriver(t, 1<<30)
 		s, err := d.StreamCreate(0)
 		require.NoError(t, err)
 		a := newAlloc(t, k, d, core.DefaultConfig())
@@ -127,7 +128,7 @@ func TestStreamCheckedOnce(t *testing.T) {
 // device is: the block is freed and reused.
 func TestFreeAfterRecordedStreamDestroyed(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		d := hostDriver(t, 1<<30)
+		d := vmmtest.HostDriver(t, 1<<30)
 		s1, err := d.StreamCreate(0)
 		require.NoError(t, err)
 		s2, err := d.StreamCreate(0)
@@ -168,7 +169,7 @@ func TestFreeAfterRecordedStreamDestroyed(t *testing.T) {
 // the block pending forever.
 func TestDeferredFreeAfterStreamDestroyed(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		d := hostDriver(t, 1<<30)
+		d := vmmtest.HostDriver(t, 1<<30)
 		s, err := d.StreamCreate(0)
 		require.NoError(t, err)
 		a := newAlloc(t, k, d, core.DefaultConfig())
@@ -190,7 +191,7 @@ func TestDeferredFreeAfterStreamDestroyed(t *testing.T) {
 // released (80 MiB) as reserved while the driver held nothing.
 func TestStatsAfterCloseZero(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		d := hostDriver(t, 1<<30)
+		d := vmmtest.HostDriver(t, 1<<30)
 		a := newAlloc(t, k, d, core.DefaultConfig())
 		p, err := a.Alloc(80*mib, 0)
 		require.NoError(t, err)
@@ -215,7 +216,7 @@ func TestCloseWakesBackoff(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
 		cfg := core.DefaultConfig()
 		cfg.OOMMaxRetries, cfg.OOMDelay = 5, 3*time.Second
-		a := newAlloc(t, k, hostDriver(t, 256*mib), cfg)
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 256*mib), cfg)
 		_, err := a.Alloc(200*mib, 0)
 		require.NoError(t, err)
 		done := make(chan error, 1)

@@ -41,7 +41,7 @@ func since(a allocator, n int) []core.HistoryEvent { return a.History()[n:] }
 
 func TestHistoryOff(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, hostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
 		p, err := a.Alloc(1000, 0)
 		require.NoError(t, err)
 		require.NoError(t, a.Free(p))
@@ -62,7 +62,7 @@ func TestHistoryOff(t *testing.T) {
 // PyTorch's action names.
 func TestHistoryAllocFree(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, hostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
 		require.NoError(t, a.RecordHistory(100))
 		before := time.Now().UnixMicro()
 		p, err := a.Alloc(1000, 0)
@@ -94,7 +94,7 @@ func TestHistoryAllocFree(t *testing.T) {
 // free only once that stream's work has.
 func TestHistoryRecordedStream(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		hd := hostDriver(t, 1<<30)
+		hd := vmmtest.HostDriver(t, 1<<30)
 		g := &vmmtest.CaptureGuard{Driver: hd}
 		s, err := hd.StreamCreate(0)
 		require.NoError(t, err)
@@ -133,7 +133,7 @@ func TestHistoryRecordedStream(t *testing.T) {
 // the device's free memory, and no memory made for them.
 func TestHistoryOOM(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, hostDriver(t, 100*mib), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 100*mib), core.DefaultConfig())
 		require.NoError(t, a.RecordHistory(100))
 		p, err := a.Alloc(60*mib, 0)
 		require.NoError(t, err)
@@ -165,7 +165,7 @@ func TestHistoryOOM(t *testing.T) {
 // those it has; bad bounds change nothing.
 func TestHistoryRing(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, hostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
 		require.NoError(t, a.RecordHistory(1000))
 		cycle := func() vmm.DevicePtr {
 			p, err := a.Alloc(1000, 0)
@@ -207,7 +207,7 @@ func TestHistoryUnmaps(t *testing.T) {
 		t.Run("ReleaseThreshold", func(t *testing.T) {
 			cfg := core.DefaultConfig()
 			cfg.ReleaseThreshold = 1
-			a := newAlloc(t, k, hostDriver(t, 1<<30), cfg)
+			a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), cfg)
 			require.NoError(t, a.RecordHistory(100))
 			p, err := a.Alloc(40*mib, 0)
 			require.NoError(t, err)
@@ -221,7 +221,7 @@ func TestHistoryUnmaps(t *testing.T) {
 			}, evs(a.History()))
 		})
 		t.Run("ReleasedPool", func(t *testing.T) {
-			a := newAlloc(t, k, hostDriver(t, 1<<30), core.DefaultConfig())
+			a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
 			require.NoError(t, a.RecordHistory(100))
 			id := core.PoolID{First: 1, Second: 2}
 			require.NoError(t, a.RetainPool(id))
@@ -239,7 +239,7 @@ func TestHistoryUnmaps(t *testing.T) {
 			return
 		}
 		t.Run("Stolen", func(t *testing.T) {
-			a := newAlloc(t, k, hostDriver(t, 1<<30), core.DefaultConfig())
+			a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
 			p, err := a.Alloc(20*mib, 0) // page 0
 			require.NoError(t, err)
 			q, err := a.Alloc(20*mib, 0) // page 1
@@ -273,7 +273,7 @@ func TestHistoryFaults(t *testing.T) {
 		}
 		for _, op := range failOps {
 			t.Run(string(op), func(t *testing.T) {
-				hd := hostDriver(t, 1<<30)
+				hd := vmmtest.HostDriver(t, 1<<30)
 				d := vmmtest.NewFaulty(hd)
 				a := newAlloc(t, k, d, core.DefaultConfig())
 				require.NoError(t, a.RecordHistory(100))
@@ -292,7 +292,7 @@ func TestHistoryFaults(t *testing.T) {
 			})
 		}
 		t.Run("OOMRetried", func(t *testing.T) {
-			d := vmmtest.NewFaulty(hostDriver(t, 1<<30))
+			d := vmmtest.NewFaulty(vmmtest.HostDriver(t, 1<<30))
 			a := newAlloc(t, k, d, core.DefaultConfig())
 			require.NoError(t, a.RecordHistory(100))
 			d.FailNth(makeOp, 1, nil)
@@ -315,7 +315,7 @@ func TestHistoryFaults(t *testing.T) {
 // stays readable after it.
 func TestHistoryClose(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, hostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
 		require.NoError(t, a.RecordHistory(100))
 		p, err := a.Alloc(1000, 0)
 		require.NoError(t, err)
@@ -329,7 +329,7 @@ func TestHistoryClose(t *testing.T) {
 // allocations (under -race); every history read is whole.
 func TestHistoryConcurrent(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, hostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
 		known := []string{core.ActionAlloc, core.ActionFreeRequested, core.ActionFreeCompleted, k.made, k.gone, core.ActionOOM}
 		stop := make(chan struct{})
 		var reader sync.WaitGroup

@@ -14,7 +14,6 @@ import (
 	"github.com/xseg-dev/xseg/fallback"
 	"github.com/xseg-dev/xseg/internal/core"
 	"github.com/xseg-dev/xseg/vmm"
-	"github.com/xseg-dev/xseg/vmm/host"
 	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
@@ -64,17 +63,6 @@ func forKinds(t *testing.T, f func(t *testing.T, k kind)) {
 	}
 }
 
-// hostDriver opens a host driver of the given capacity that the test
-// closes at its end, after checking that nothing leaked.
-func hostDriver(t *testing.T, capacity uint64) *host.Driver {
-	t.Helper()
-	d, err := host.Open(host.Options{Capacity: capacity})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, d.Close()) })
-	vmmtest.CheckLeaks(t, d)
-	return d
-}
-
 // newAlloc makes an allocator of kind k over d that the test closes.
 func newAlloc(t *testing.T, k kind, d vmm.Driver, cfg core.Config) allocator {
 	t.Helper()
@@ -92,7 +80,7 @@ func TestLimitStopsGrowth(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
 		cfg := core.DefaultConfig()
 		cfg.OOMMaxRetries, cfg.OOMDelay, cfg.OOMWait = 3, time.Second, 10*time.Second
-		a := newAlloc(t, k, hostDriver(t, 1<<30), cfg)
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), cfg)
 		a.SetMemoryLimit(60 * mib)
 		require.Equal(t, uint64(60*mib), a.MemoryLimit())
 		require.Equal(t, uint64(60*mib), a.Stats().MemoryLimit)
@@ -122,7 +110,7 @@ func TestLimitStopsGrowth(t *testing.T) {
 // back before the limit fails an allocation, as PyTorch does.
 func TestLimitEmptiesCacheFirst(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		d := hostDriver(t, 1<<30)
+		d := vmmtest.HostDriver(t, 1<<30)
 		s, err := d.StreamCreate(0)
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, d.StreamDestroy(s)) })
@@ -145,7 +133,7 @@ func TestLimitEmptiesCacheFirst(t *testing.T) {
 // TestLimitZeroRemovesIt: limit 0 is no limit.
 func TestLimitZeroRemovesIt(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, hostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
 		a.SetMemoryLimit(20 * mib)
 		_, err := a.Alloc(40*mib, 0)
 		require.ErrorIs(t, err, vmm.ErrOutOfMemory)
@@ -163,7 +151,7 @@ func TestLimitZeroRemovesIt(t *testing.T) {
 // memory already reserved stays usable, growth fails until EmptyCache.
 func TestLimitBelowReserved(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, hostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
 		p, err := a.Alloc(60*mib, 0)
 		require.NoError(t, err)
 		a.SetMemoryLimit(20 * mib)
@@ -189,7 +177,7 @@ func TestLimitBelowReserved(t *testing.T) {
 // fractions change nothing.
 func TestMemoryFraction(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, hostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
 		require.NoError(t, a.SetMemoryFraction(0.05))
 		want := uint64(math.Floor(0.05 * (1 << 30)))
 		require.Equal(t, want, a.MemoryLimit())
@@ -224,7 +212,7 @@ func TestMemoryFraction(t *testing.T) {
 // TestLimitAllocAtMost: AllocAtMost shrinks its request to fit the limit.
 func TestLimitAllocAtMost(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, hostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
 		a.SetMemoryLimit(40 * mib)
 		p, size, err := a.AllocAtMost(100*mib, 10*mib, 0)
 		require.NoError(t, err)
@@ -241,7 +229,7 @@ func TestLimitAllocAtMost(t *testing.T) {
 // limit set.
 func TestLimitConcurrent(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, hostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
 		a.SetMemoryLimit(100 * mib)
 		stop := make(chan struct{})
 		var setter sync.WaitGroup
