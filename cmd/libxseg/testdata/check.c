@@ -10,8 +10,8 @@
 #include <time.h>
 
 #include "xseg.h"
+#include "harness.h"
 
-#define SYM(name) static __typeof__(name)* p_##name;
 SYM(xseg_malloc)
 SYM(xseg_free)
 SYM(xseg_record_stream)
@@ -29,35 +29,14 @@ SYM(xseg_unshare)
 SYM(xseg_open)
 SYM(xseg_close)
 
-static int failures;
-
-#define CHECK(cond, ...)                                              \
-	do {                                                              \
-		if (!(cond)) {                                                \
-			printf("FAIL line %d: %s: ", __LINE__, #cond);            \
-			printf(__VA_ARGS__);                                      \
-			printf(" (last error: %s)\n", p_xseg_last_error());       \
-			failures++;                                               \
-		}                                                             \
-	} while (0)
 
 static void load(const char* path) {
-	void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!h) {
-		printf("FAIL dlopen: %s\n", dlerror());
-		exit(1);
-	}
-#define LOAD(name)                                          \
-	p_##name = (__typeof__(name)*)dlsym(h, #name);          \
-	if (!p_##name) {                                        \
-		printf("FAIL dlsym %s: %s\n", #name, dlerror());    \
-		exit(1);                                            \
-	}
-	LOAD(xseg_malloc) LOAD(xseg_free) LOAD(xseg_record_stream)
-	LOAD(xseg_stats_json) LOAD(xseg_snapshot_json) LOAD(xseg_string_free)
-	LOAD(xseg_empty_cache) LOAD(xseg_reset_peak_stats) LOAD(xseg_configure)
-	LOAD(xseg_set_log_level) LOAD(xseg_version) LOAD(xseg_last_error)
-	LOAD(xseg_share) LOAD(xseg_unshare) LOAD(xseg_open) LOAD(xseg_close)
+	void* h = open_lib(path);
+	LOAD(h, xseg_malloc) LOAD(h, xseg_free) LOAD(h, xseg_record_stream)
+	LOAD(h, xseg_stats_json) LOAD(h, xseg_snapshot_json) LOAD(h, xseg_string_free)
+	LOAD(h, xseg_empty_cache) LOAD(h, xseg_reset_peak_stats) LOAD(h, xseg_configure)
+	LOAD(h, xseg_set_log_level) LOAD(h, xseg_version) LOAD(h, xseg_last_error)
+	LOAD(h, xseg_share) LOAD(h, xseg_unshare) LOAD(h, xseg_open) LOAD(h, xseg_close)
 }
 
 static int error_has(const char* needle) { return strstr(p_xseg_last_error(), needle) != NULL; }
