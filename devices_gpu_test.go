@@ -12,6 +12,7 @@ import (
 	xseg "github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/cuda"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 // openTwoGPUs opens the CUDA driver and one allocator per GPU. It skips
@@ -67,7 +68,7 @@ func TestPeerAccessGPU(t *testing.T) {
 
 	requireGPUAccess(t, d, src, 1, vmm.AccessNone, "before enabling")
 	require.ErrorIs(t, ds.Copy(dst, src, size), vmm.ErrInvalid, "GPU 1 reading GPU 0's memory without peer access")
-	require.ErrorIs(t, d.MemsetAsync(src, 0xab, 4096, s1), vmm.ErrInvalid, "a GPU 1 stream writing GPU 0's memory without peer access")
+	require.ErrorIs(t, vmmtest.MemsetAsync(d, src, 0xab, 4096, s1), vmm.ErrInvalid, "a GPU 1 stream writing GPU 0's memory without peer access")
 
 	require.NoError(t, ds.EnablePeerAccess(0, 1))
 	requireGPUAccess(t, d, src, 1, vmm.AccessReadWrite, "after enabling")
@@ -83,7 +84,7 @@ func TestPeerAccessGPU(t *testing.T) {
 	require.NoError(t, d.CopyDtoH(got, dst))
 	require.True(t, bytes.Equal(data, got), "bytes GPU 1 read from GPU 0")
 
-	require.NoError(t, d.MemsetAsync(dst, 0x3c, 1<<20, s1))
+	require.NoError(t, vmmtest.MemsetAsync(d, dst, 0x3c, 1<<20, s1))
 	require.NoError(t, d.StreamSynchronize(s1))
 	start = time.Now()
 	require.NoError(t, ds.Copy(back, dst, size), "GPU 1 writing GPU 0's memory")
@@ -93,7 +94,7 @@ func TestPeerAccessGPU(t *testing.T) {
 	require.Equal(t, bytes.Repeat([]byte{0x3c}, 1<<20), got[:1<<20], "bytes GPU 1 wrote into GPU 0's memory")
 	require.Equal(t, data[1<<20:2<<20], got[1<<20:2<<20], "bytes GPU 1 wrote into GPU 0's memory")
 
-	require.NoError(t, d.MemsetAsync(src.Add(100), 0xab, 4096, s1), "a GPU 1 stream writing GPU 0's memory")
+	require.NoError(t, vmmtest.MemsetAsync(d, src.Add(100), 0xab, 4096, s1), "a GPU 1 stream writing GPU 0's memory")
 	require.NoError(t, d.StreamSynchronize(s1))
 	require.NoError(t, d.CopyDtoH(got[:8192], src))
 	require.Equal(t, bytes.Repeat([]byte{0xab}, 4096), got[100:4196], "bytes the GPU 1 stream set")

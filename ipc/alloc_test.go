@@ -96,7 +96,10 @@ func warmAllocIPC(d vmm.Driver) error {
 	if err != nil {
 		return err
 	}
-	_, err = d.ExportAllocIPC(p)
+	a, err := vmm.AllocIPCOf(d)
+	if err == nil {
+		_, err = a.ExportAllocIPC(p)
+	}
 	return errors.Join(err, d.MemFree(p))
 }
 

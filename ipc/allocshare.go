@@ -14,7 +14,11 @@ import (
 // memory file holding the allocation, whose size is the page size. It
 // unpins on failure.
 func (e *Exporter) shareAlloc(drv vmm.Driver, pin Pin, ext Extent) (*Share, error) {
-	h, ipcErr := drv.ExportAllocIPC(pin.Alloc)
+	var h vmm.IPCMemHandle
+	ai, ipcErr := vmm.AllocIPCOf(drv)
+	if ipcErr == nil {
+		h, ipcErr = ai.ExportAllocIPC(pin.Alloc)
+	}
 	if ipcErr == nil {
 		ext.PageSize = roundUp(pin.PageSize, handles.MinPageSize)
 		return e.ShareCUDAIPC(handles.IPCHandle(h), ext, pin.Unpin)
@@ -22,7 +26,12 @@ func (e *Exporter) shareAlloc(drv vmm.Driver, pin Pin, ext Extent) (*Share, erro
 	if !errors.Is(ipcErr, vmm.ErrNotSupported) {
 		return nil, errors.Join(fmt.Errorf("exporting the allocation at %v: %w", pin.Alloc, ipcErr), unpin(pin))
 	}
-	raw, size, err := drv.ExportAllocFD(pin.Alloc)
+	var raw int
+	var size uint64
+	af, err := vmm.AllocFDOf(drv)
+	if err == nil {
+		raw, size, err = af.ExportAllocFD(pin.Alloc)
+	}
 	var fd *handles.FD
 	if err == nil {
 		fd, err = handles.NewFD(raw)

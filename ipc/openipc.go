@@ -23,7 +23,7 @@ var ErrOwnIPCHandle = fmt.Errorf("a CUDA IPC handle cannot be opened in the proc
 // handle, so they share one open, counted by reference.
 type ipcOpen struct {
 	key  any // ipcKey, nil if the driver is not comparable
-	drv  vmm.Driver
+	drv  vmm.AllocIPC
 	base vmm.DevicePtr
 	size uint64
 	refs int // guarded by ipcOpens
@@ -56,11 +56,15 @@ func acquireIPC(drv vmm.Driver, dev vmm.Device, h handles.IPCHandle) (*ipcOpen, 
 		}
 		key = k
 	}
-	base, size, err := drv.OpenAllocIPC(vmm.IPCMemHandle(h), dev)
+	ai, err := vmm.AllocIPCOf(drv)
+	if err != nil {
+		return nil, fmt.Errorf("opening %v: %w", h, err)
+	}
+	base, size, err := ai.OpenAllocIPC(vmm.IPCMemHandle(h), dev)
 	if err != nil {
 		return nil, fmt.Errorf("opening %v on device %d: %w", h, dev, err)
 	}
-	o := &ipcOpen{key: key, drv: drv, base: base, size: size, refs: 1}
+	o := &ipcOpen{key: key, drv: ai, base: base, size: size, refs: 1}
 	if key != nil {
 		if ipcOpens.m == nil {
 			ipcOpens.m = make(map[ipcKey]*ipcOpen)

@@ -1,10 +1,31 @@
 package vmm
 
-// Driver is the contract every memory backend meets. All sizes and offsets of
-// the address-range and page methods are multiples of the device's
-// granularity (DeviceInfo.Granularity) unless a method says otherwise; a
-// violation is ErrInvalid. A Driver is safe for concurrent use.
+import "fmt"
+
+// Driver is the contract every memory backend meets: the role interfaces
+// below, each of which a consumer can ask for alone (package pagerun needs
+// Pages and nothing else, say). All sizes and offsets of the address-range
+// and page methods are multiples of the device's granularity
+// (DeviceInfo.Granularity) unless a method says otherwise; a violation is
+// ErrInvalid. A Driver is safe for concurrent use.
+//
+// What only one backend can do is an optional interface, found with a type
+// assertion: AllocIPC (CUDA's legacy IPC of plain allocations), AllocFD
+// (the host backend's memory files of plain allocations) and
+// AsyncMemsetter (queued memsets, for tests that keep a stream busy).
 type Driver interface {
+	Devices
+	Ranges
+	Pages
+	PageSharing
+	Streams
+	Copies
+	PlainAllocs
+	Lifecycle
+}
+
+// Devices describes the driver and its devices.
+type Devices interface {
 	// Backend names the backend: "cuda" or "host".
 	Backend() string
 	// DriverVersion is the driver's version as CUDA encodes it
@@ -16,7 +37,10 @@ type Driver interface {
 	DeviceInfo(dev Device) (DeviceInfo, error)
 	// MemInfo reports free and total bytes of a device.
 	MemInfo(dev Device) (free, total uint64, err error)
+}
 
+// Ranges sets address ranges aside and gives them back.
+type Ranges interface {
 	// Reserve makes a new range of size bytes, aligned to align (0: the
 	// granularity), in state reserved: addresses set aside, nothing behind
 	// them. none -> reserved.
@@ -24,7 +48,10 @@ type Driver interface {
 	// Unreserve gives back a whole range made by Reserve. Nothing in it may
 	// be mapped (ErrInUse). reserved -> none.
 	Unreserve(ptr DevicePtr, size uint64) error
+}
 
+// Pages creates physical pages and maps them into ranges.
+type Pages interface {
 	// Create makes a physical page of size bytes on dev, exportable as the
 	// kinds in types. Beyond the device's memory it fails with
 	// ErrOutOfMemory.
@@ -53,7 +80,10 @@ type Driver interface {
 	// AccessNone if nothing. An address that is not mapped is ErrInvalid,
 	// as is a device past the last.
 	GetAccess(ptr DevicePtr, dev Device) (Access, error)
+}
 
+// PageSharing exports pages to other processes and imports theirs.
+type PageSharing interface {
 	// ExportFD returns a new file descriptor, owned by the caller, that
 	// names page h, which must have been created with HandlePosixFD.
 	ExportFD(h Handle) (int, error)
@@ -65,7 +95,10 @@ type Driver interface {
 	ExportFabric(h Handle) (FabricHandle, error)
 	// ImportFabric makes a handle for the page a fabric handle names.
 	ImportFabric(fh FabricHandle) (Handle, error)
+}
 
+// Streams orders work: streams, events and synchronization.
+type Streams interface {
 	// StreamCreate makes a non-blocking stream on dev.
 	StreamCreate(dev Device) (Stream, error)
 	// StreamDestroy destroys a stream made by StreamCreate.
@@ -86,7 +119,10 @@ type Driver interface {
 	EventSynchronize(e Event) error
 	// EventDestroy destroys an event.
 	EventDestroy(e Event) error
+}
 
+// Copies moves and sets bytes in device memory, waiting for the work.
+type Copies interface {
 	// CopyHtoD copies src to device memory at dst and waits for the copy.
 	CopyHtoD(dst DevicePtr, src []byte) error
 	// CopyDtoH copies len(dst) bytes from device memory at src and waits.
@@ -96,27 +132,38 @@ type Driver interface {
 	CopyDtoD(dst, src DevicePtr, n uint64) error
 	// Memset sets n bytes at dst to value and waits. Any size is allowed.
 	Memset(dst DevicePtr, value byte, n uint64) error
+}
+
+// AsyncMemsetter is optional: queued memsets, which tests use to keep a
+// stream busy. Both backends have it.
+type AsyncMemsetter interface {
 	// MemsetAsync queues the same work on stream s and returns without
 	// waiting (the host backend, whose streams are synchronous, does it at
 	// once). Tests use it to keep a stream busy.
 	MemsetAsync(dst DevicePtr, value byte, n uint64, s Stream) error
+}
 
+// PlainAllocs makes allocations without VMM (cuMemAlloc).
+type PlainAllocs interface {
 	// MemAlloc makes a plain allocation of size bytes (any size) on dev,
 	// readable and writable by dev at once: cuMemAlloc, for devices and
 	// drivers without VMM.
 	MemAlloc(dev Device, size uint64) (DevicePtr, error)
 	// MemFree frees an allocation made by MemAlloc.
 	MemFree(ptr DevicePtr) error
+}
 
-	// Sharing plain allocations with other processes. A VMM page is
-	// shared through ExportFD / ExportFabric; a plain allocation has no
-	// page handle, so each backend offers its own way, and the other
-	// backend's answers ErrNotSupported.
+// Sharing plain allocations with other processes. A VMM page is shared
+// through PageSharing; a plain allocation has no page handle, so each
+// backend offers its own way as an optional interface. A wrapping driver
+// (vmmtest.Faulty) may have both and answer ErrNotSupported for the one
+// its backend lacks.
 
+// AllocIPC is CUDA's way (vmm/cuda has it; the host backend does not).
+type AllocIPC interface {
 	// ExportAllocIPC returns CUDA's legacy IPC handle (cuIpcGetMemHandle)
 	// of the plain allocation that starts at ptr, a pointer MemAlloc
 	// returned (else ErrInvalid). The handle names the whole allocation.
-	// The host backend answers ErrNotSupported (see ExportAllocFD).
 	ExportAllocIPC(ptr DevicePtr) (IPCMemHandle, error)
 	// OpenAllocIPC maps the allocation that h names, exported by another
 	// process, into this one for dev (cuIpcOpenMemHandle, peer access
@@ -129,19 +176,56 @@ type Driver interface {
 	// CloseAllocIPC unmaps an allocation opened by OpenAllocIPC (ptr is
 	// the base it returned; anything else is ErrInvalid).
 	CloseAllocIPC(ptr DevicePtr) error
+}
+
+// AllocFD is the host backend's way (vmm/host has it; CUDA does not).
+type AllocFD interface {
 	// ExportAllocFD returns a new file descriptor, owned by the caller, of
 	// a memory file that holds the plain allocation starting at ptr (a
 	// pointer MemAlloc returned, else ErrInvalid), and the file's size: the
 	// allocation's size rounded up to the granularity. An importer maps
 	// the file as it maps an exported page (ImportFD, Reserve, Map,
-	// SetAccess). Only the host backend has it; CUDA answers
-	// ErrNotSupported (see ExportAllocIPC).
+	// SetAccess).
 	ExportAllocFD(ptr DevicePtr) (fd int, size uint64, err error)
+}
 
+// Lifecycle reports what the driver holds and closes it.
+type Lifecycle interface {
 	// Usage reports what this driver has outstanding.
 	Usage() Usage
 	// Close releases the driver's own resources. It does not free what the
 	// caller still holds; Usage says what that is. Calls after Close fail
 	// with ErrClosed. Close is idempotent.
 	Close() error
+}
+
+// AllocIPCOf returns d's AllocIPC, or an error wrapping ErrNotSupported
+// that names the backend when d has none.
+func AllocIPCOf(d Driver) (AllocIPC, error) {
+	if a, ok := d.(AllocIPC); ok {
+		return a, nil
+	}
+	return nil, notSupported(d, "CUDA IPC of plain allocations")
+}
+
+// AllocFDOf returns d's AllocFD, or an error wrapping ErrNotSupported that
+// names the backend when d has none.
+func AllocFDOf(d Driver) (AllocFD, error) {
+	if a, ok := d.(AllocFD); ok {
+		return a, nil
+	}
+	return nil, notSupported(d, "memory files of plain allocations")
+}
+
+// AsyncMemsetterOf returns d's AsyncMemsetter, or an error wrapping
+// ErrNotSupported that names the backend when d has none.
+func AsyncMemsetterOf(d Driver) (AsyncMemsetter, error) {
+	if a, ok := d.(AsyncMemsetter); ok {
+		return a, nil
+	}
+	return nil, notSupported(d, "queued memsets")
+}
+
+func notSupported(d Driver, what string) error {
+	return fmt.Errorf("vmm: the %s backend has no %s: %w", d.Backend(), what, ErrNotSupported)
 }

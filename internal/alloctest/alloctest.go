@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	xseg "github.com/xseg-dev/xseg"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -368,9 +369,9 @@ func testStreamOrderedReuse(f *fixture) {
 		rounds = 1 // synchronous streams: the work is done before the free
 	}
 	for i := 0; i < rounds; i++ {
-		require.NoError(f.t, f.d.MemsetAsync(busy, byte(i), busySize, side))
+		require.NoError(f.t, vmmtest.MemsetAsync(f.d, busy, byte(i), busySize, side))
 	}
-	require.NoError(f.t, f.d.MemsetAsync(x, 0xab, 4<<20, side))
+	require.NoError(f.t, vmmtest.MemsetAsync(f.d, x, 0xab, 4<<20, side))
 	require.NoError(f.t, f.d.EventRecord(done, side))
 	require.NoError(f.t, f.a.Free(x))
 

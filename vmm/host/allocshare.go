@@ -118,31 +118,3 @@ func fillMemfd(fd int, ptr vmm.DevicePtr, n, size uint64) error {
 	return nil
 }
 
-// ExportAllocIPC is vmm.ErrNotSupported: the host backend shares plain
-// allocations with ExportAllocFD.
-func (d *Driver) ExportAllocIPC(ptr vmm.DevicePtr) (vmm.IPCMemHandle, error) {
-	if err := d.enter(); err != nil {
-		return vmm.IPCMemHandle{}, err
-	}
-	defer d.life.RUnlock()
-	return vmm.IPCMemHandle{}, fmt.Errorf("exporting the allocation at %v as a CUDA IPC handle: the host backend shares allocations as memfds (ExportAllocFD): %w", ptr, vmm.ErrNotSupported)
-}
-
-// OpenAllocIPC is vmm.ErrNotSupported: there is no CUDA IPC on the host.
-func (d *Driver) OpenAllocIPC(vmm.IPCMemHandle, vmm.Device) (vmm.DevicePtr, uint64, error) {
-	if err := d.enter(); err != nil {
-		return 0, 0, err
-	}
-	defer d.life.RUnlock()
-	return 0, 0, fmt.Errorf("opening a CUDA IPC handle: the host backend has no CUDA IPC: %w", vmm.ErrNotSupported)
-}
-
-// CloseAllocIPC is vmm.ErrNotSupported: nothing is ever opened by
-// OpenAllocIPC on the host.
-func (d *Driver) CloseAllocIPC(ptr vmm.DevicePtr) error {
-	if err := d.enter(); err != nil {
-		return err
-	}
-	defer d.life.RUnlock()
-	return fmt.Errorf("closing the CUDA IPC allocation at %v: the host backend has no CUDA IPC: %w", ptr, vmm.ErrNotSupported)
-}

@@ -55,19 +55,16 @@ func TestExportAllocFDAfterClose(t *testing.T) {
 	require.Less(t, fdCount(t), fds, "the arena and the allocation's memfd are closed")
 	_, _, err = d.ExportAllocFD(p)
 	require.ErrorIs(t, err, vmm.ErrClosed)
-	_, _, err = d.OpenAllocIPC(vmm.IPCMemHandle{1}, 0)
-	require.ErrorIs(t, err, vmm.ErrClosed)
 }
 
 func TestAllocIPCNotSupported(t *testing.T) {
 	d := open(t, host.Options{})
-	p, err := d.MemAlloc(0, 4096)
-	require.NoError(t, err)
-	_, err = d.ExportAllocIPC(p)
+	var drv vmm.Driver = d
+	_, isIPC := drv.(vmm.AllocIPC)
+	require.False(t, isIPC, "the host backend has no CUDA IPC")
+	_, err := vmm.AllocIPCOf(d)
 	require.ErrorIs(t, err, vmm.ErrNotSupported)
-	require.ErrorContains(t, err, "ExportAllocFD")
-	_, _, err = d.OpenAllocIPC(vmm.IPCMemHandle{1}, 0)
-	require.ErrorIs(t, err, vmm.ErrNotSupported)
-	require.ErrorIs(t, d.CloseAllocIPC(p), vmm.ErrNotSupported)
-	require.NoError(t, d.MemFree(p))
+	require.ErrorContains(t, err, "host backend")
+	_, err = vmm.AllocFDOf(d)
+	require.NoError(t, err, "the host backend shares plain allocations as files")
 }

@@ -243,12 +243,16 @@ func (f *Faulty) Memset(dst vmm.DevicePtr, value byte, n uint64) error {
 	return f.d.Memset(dst, value, n)
 }
 
-// MemsetAsync implements vmm.Driver.
+// MemsetAsync implements vmm.AsyncMemsetter.
 func (f *Faulty) MemsetAsync(dst vmm.DevicePtr, value byte, n uint64, s vmm.Stream) error {
 	if err := f.enter(OpMemsetAsync); err != nil {
 		return err
 	}
-	return f.d.MemsetAsync(dst, value, n, s)
+	a, err := vmm.AsyncMemsetterOf(f.d)
+	if err != nil {
+		return err
+	}
+	return a.MemsetAsync(dst, value, n, s)
 }
 
 // MemAlloc implements vmm.Driver.
@@ -267,36 +271,54 @@ func (f *Faulty) MemFree(ptr vmm.DevicePtr) error {
 	return f.d.MemFree(ptr)
 }
 
-// ExportAllocIPC implements vmm.Driver.
+// ExportAllocIPC implements vmm.AllocIPC (ErrNotSupported over a driver
+// without it).
 func (f *Faulty) ExportAllocIPC(ptr vmm.DevicePtr) (vmm.IPCMemHandle, error) {
 	if err := f.enter(OpExportAllocIPC); err != nil {
 		return vmm.IPCMemHandle{}, err
 	}
-	return f.d.ExportAllocIPC(ptr)
+	a, err := vmm.AllocIPCOf(f.d)
+	if err != nil {
+		return vmm.IPCMemHandle{}, err
+	}
+	return a.ExportAllocIPC(ptr)
 }
 
-// OpenAllocIPC implements vmm.Driver.
+// OpenAllocIPC implements vmm.AllocIPC.
 func (f *Faulty) OpenAllocIPC(h vmm.IPCMemHandle, dev vmm.Device) (vmm.DevicePtr, uint64, error) {
 	if err := f.enter(OpOpenAllocIPC); err != nil {
 		return 0, 0, err
 	}
-	return f.d.OpenAllocIPC(h, dev)
+	a, err := vmm.AllocIPCOf(f.d)
+	if err != nil {
+		return 0, 0, err
+	}
+	return a.OpenAllocIPC(h, dev)
 }
 
-// CloseAllocIPC implements vmm.Driver.
+// CloseAllocIPC implements vmm.AllocIPC.
 func (f *Faulty) CloseAllocIPC(ptr vmm.DevicePtr) error {
 	if err := f.enter(OpCloseAllocIPC); err != nil {
 		return err
 	}
-	return f.d.CloseAllocIPC(ptr)
+	a, err := vmm.AllocIPCOf(f.d)
+	if err != nil {
+		return err
+	}
+	return a.CloseAllocIPC(ptr)
 }
 
-// ExportAllocFD implements vmm.Driver.
+// ExportAllocFD implements vmm.AllocFD (ErrNotSupported over a driver
+// without it).
 func (f *Faulty) ExportAllocFD(ptr vmm.DevicePtr) (int, uint64, error) {
 	if err := f.enter(OpExportAllocFD); err != nil {
 		return -1, 0, err
 	}
-	return f.d.ExportAllocFD(ptr)
+	a, err := vmm.AllocFDOf(f.d)
+	if err != nil {
+		return -1, 0, err
+	}
+	return a.ExportAllocFD(ptr)
 }
 
 // Close implements vmm.Driver. An injected failure leaves the wrapped driver

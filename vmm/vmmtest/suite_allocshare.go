@@ -21,7 +21,7 @@ func testAllocShare(t *testing.T, c Config) {
 	p := e.memAlloc(size)
 	data := pattern(int(size), 11)
 	e.write(p, data)
-	fd, fsize, fdErr := e.d.ExportAllocFD(p)
+	fd, fsize, fdErr := exportAllocFD(e.d, p)
 	if fdErr == nil {
 		f := os.NewFile(uintptr(fd), "vmmtest-exported-alloc")
 		t.Cleanup(func() { _ = f.Close() })
@@ -39,12 +39,12 @@ func (e *env) allocShareFD(p vmm.DevicePtr, size uint64, f *os.File, fsize uint6
 	t := e.t
 	require.Equal(t, (size+e.gran-1)/e.gran*e.gran, fsize, "the file is the allocation rounded up to the granularity")
 	require.Equal(t, data, e.read(p, len(data)), "the allocation kept its bytes when it moved into the file")
-	_, err := e.d.ExportAllocIPC(p)
+	_, err := exportAllocIPC(e.d, p)
 	requireIs(t, err, vmm.ErrNotSupported, "ExportAllocIPC on a backend that exports fds")
-	_, _, err = e.d.ExportAllocFD(p.Add(512))
+	_, _, err = exportAllocFD(e.d, p.Add(512))
 	requireIs(t, err, vmm.ErrInvalid, "ExportAllocFD inside an allocation")
 
-	fd2, fsize2, err := e.d.ExportAllocFD(p)
+	fd2, fsize2, err := exportAllocFD(e.d, p)
 	require.NoError(t, err, "a second export")
 	var st1, st2 unix.Stat_t
 	require.NoError(t, unix.Fstat(int(f.Fd()), &st1))
@@ -72,18 +72,18 @@ func (e *env) allocShareFD(p vmm.DevicePtr, size uint64, f *os.File, fsize uint6
 // driver answers, nothing may stay open.
 func (e *env) allocShareIPC(p vmm.DevicePtr, size uint64, data []byte) {
 	t := e.t
-	h, err := e.d.ExportAllocIPC(p)
+	h, err := exportAllocIPC(e.d, p)
 	require.NoError(t, err, "a backend without ExportAllocFD exports legacy IPC handles")
 	require.NotEqual(t, vmm.IPCMemHandle{}, h, "an all-zero handle")
-	_, err = e.d.ExportAllocIPC(p.Add(512))
+	_, err = exportAllocIPC(e.d, p.Add(512))
 	requireIs(t, err, vmm.ErrInvalid, "ExportAllocIPC inside an allocation")
-	requireIs(t, e.d.CloseAllocIPC(p), vmm.ErrInvalid, "CloseAllocIPC of an allocation made here")
-	q, n, err := e.d.OpenAllocIPC(h, e.dev)
+	requireIs(t, closeAllocIPC(e.d, p), vmm.ErrInvalid, "CloseAllocIPC of an allocation made here")
+	q, n, err := openAllocIPC(e.d, h, e.dev)
 	if err == nil {
 		t.Logf("the driver opened its own handle at %v (%d bytes)", q, n)
 		require.Equal(t, 1, e.d.Usage().IPCOpens)
 		requireIs(t, e.d.MemFree(q), vmm.ErrInvalid, "MemFree of an IPC-opened allocation")
-		require.NoError(t, e.d.CloseAllocIPC(q))
+		require.NoError(t, closeAllocIPC(e.d, q))
 	} else {
 		t.Logf("opening its own handle: %v", err)
 		require.False(t, errors.Is(err, vmm.ErrNotSupported), "the backend has legacy IPC: %v", err)

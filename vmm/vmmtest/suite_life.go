@@ -124,7 +124,7 @@ func testClosed(t *testing.T, c Config) {
 	is(d.CopyDtoH(make([]byte, 1), 0x200000), "CopyDtoH")
 	is(d.CopyDtoD(0x200000, 0x400000, 1), "CopyDtoD")
 	is(d.Memset(0x200000, 0, 1), "Memset")
-	is(d.MemsetAsync(0x200000, 0, 1, 0), "MemsetAsync")
+	is(MemsetAsync(d, 0x200000, 0, 1, 0), "MemsetAsync")
 	_, err = d.MemAlloc(e.dev, 4096)
 	is(err, "MemAlloc")
 	is(d.MemFree(0x200000), "MemFree")

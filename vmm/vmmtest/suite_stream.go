@@ -65,7 +65,7 @@ func testEvents(t *testing.T, c Config) {
 
 	const n = 8 << 20
 	p := e.memAlloc(n)
-	require.NoError(t, e.d.MemsetAsync(p, 1, n, s), "MemsetAsync")
+	require.NoError(t, MemsetAsync(e.d, p, 1, n, s), "MemsetAsync")
 	require.NoError(t, e.d.EventRecord(ev, s), "EventRecord")
 	require.NoError(t, e.d.StreamSynchronize(s))
 	done, err = e.d.EventQuery(ev)
@@ -74,7 +74,7 @@ func testEvents(t *testing.T, c Config) {
 	require.True(t, bytes.Equal(bytes.Repeat([]byte{1}, n), e.read(p, n)), "bytes of MemsetAsync after StreamSynchronize")
 
 	// The event orders the work queued before it.
-	require.NoError(t, e.d.MemsetAsync(p, 2, n, s), "MemsetAsync")
+	require.NoError(t, MemsetAsync(e.d, p, 2, n, s), "MemsetAsync")
 	require.NoError(t, e.d.EventRecord(ev, s), "EventRecord")
 	require.NoError(t, e.d.EventSynchronize(ev), "EventSynchronize")
 	require.True(t, bytes.Equal(bytes.Repeat([]byte{2}, n), e.read(p, n)), "bytes of MemsetAsync after EventSynchronize")
@@ -88,7 +88,7 @@ func testEvents(t *testing.T, c Config) {
 	dead := e.stream()
 	require.NoError(t, e.d.StreamDestroy(dead))
 	requireIs(t, e.d.EventRecord(ev, dead), vmm.ErrInvalid, "EventRecord on a destroyed stream")
-	requireIs(t, e.d.MemsetAsync(p, 3, n, dead), vmm.ErrInvalid, "MemsetAsync on a destroyed stream")
+	requireIs(t, MemsetAsync(e.d, p, 3, n, dead), vmm.ErrInvalid, "MemsetAsync on a destroyed stream")
 	require.NoError(t, e.d.EventDestroy(ev))
 	requireIs(t, e.d.EventDestroy(ev), vmm.ErrInvalid, "EventDestroy twice")
 	_, err = e.d.EventQuery(ev)

@@ -72,7 +72,7 @@ func warmPeer(d vmm.Driver, dev vmm.Device) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, d.StreamDestroy(s)) }()
-	if err := d.MemsetAsync(p, 1, g, s); err != nil {
+	if err := MemsetAsync(d, p, 1, g, s); err != nil {
 		return err
 	}
 	return d.StreamSynchronize(s)
