@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	xseg "github.com/xseg-dev/xseg"
-	"github.com/xseg-dev/xseg/vmm/vmmtest"
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 // Config says how to make the allocator under test.

@@ -117,4 +117,3 @@ func fillMemfd(fd int, ptr vmm.DevicePtr, n, size uint64) error {
 	}
 	return nil
 }
-
