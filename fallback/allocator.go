@@ -3,7 +3,6 @@ package fallback
 import (
 	"fmt"
 	"log/slog"
-	"sync"
 
 	"github.com/xseg-dev/xseg/internal/core"
 	"github.com/xseg-dev/xseg/vmm"
@@ -29,15 +28,6 @@ type Allocator struct {
 	dev  vmm.Device
 	cfg  Config
 	log  *slog.Logger
-
-	// trim serializes the release-threshold check (see release).
-	trim struct {
-		sync.Mutex
-		// floor is the free reserved memory above the threshold that the
-		// last release could not give back (free blocks in segments that
-		// are partly in use); the next release waits until more is free.
-		floor uint64
-	}
 }
 
 // New makes a fallback allocator for device dev of d. It needs only
@@ -57,10 +47,8 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 			return nil, fmt.Errorf("fallback: %s: segment size %d is not a positive multiple of %d: %w", c.key, c.size, core.MinBlock, vmm.ErrInvalid)
 		}
 	}
-	heapCfg := cfg
-	heapCfg.ReleaseThreshold = 0 // the core would unmap segments without dropping them; see release
 	s := &segments{d: d, dev: dev, cfg: cfg}
-	h, err := core.NewHeap(d, dev, s, heapCfg, info.TotalMemory, log)
+	h, err := core.NewHeap(d, dev, s, cfg, info.TotalMemory, log)
 	if err != nil {
 		return nil, fmt.Errorf("fallback: %w", err)
 	}
@@ -108,40 +96,7 @@ func (a *Allocator) AllocAtMost(max, min uint64, s vmm.Stream) (vmm.DevicePtr, u
 // segments back (see the package documentation); a failure to do so is
 // logged, not returned, since the block itself was freed.
 func (a *Allocator) Free(ptr vmm.DevicePtr) error {
-	if err := a.heap.Free(ptr); err != nil {
-		return err
-	}
-	if a.cfg.ReleaseThreshold > 0 {
-		if err := a.release(); err != nil {
-			a.log.Warn("xseg: releasing free segments above the release threshold", "err", err)
-		}
-	}
-	return nil
-}
-
-// release gives every wholly free segment back when the free reserved
-// bytes pass the release threshold, and again only once they pass it by
-// more than what that left behind.
-func (a *Allocator) release() error {
-	a.trim.Lock()
-	defer a.trim.Unlock()
-	free := freeReserved(a.heap.Stats())
-	if free <= a.cfg.ReleaseThreshold {
-		a.trim.floor = 0
-		return nil
-	}
-	if free <= a.cfg.ReleaseThreshold+a.trim.floor {
-		return nil
-	}
-	err := a.heap.EmptyCache()
-	left := freeReserved(a.heap.Stats())
-	a.trim.floor = left - min(left, a.cfg.ReleaseThreshold)
-	return err
-}
-
-// freeReserved is the reserved memory that no block in use holds.
-func freeReserved(st core.Stats) uint64 {
-	return uint64(max(0, st.ReservedBytes.All.Current-st.ActiveBytes.All.Current))
+	return a.heap.Free(ptr)
 }
 
 // RecordStream marks the block at ptr as used on stream s as well: once

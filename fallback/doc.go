@@ -35,10 +35,10 @@
 //
 // A segment is given back (MemFree) only when it is wholly free: on
 // EmptyCache, on OOM, and, when Config.ReleaseThreshold is set, by Free
-// once the free reserved bytes pass the threshold (Free then runs
-// EmptyCache, which gives back every wholly free segment and waits for
-// pending frees first; it runs again only once more has become free than
-// it left behind). Freed segments are not cached: Config.PageCacheBytes
+// once the free reserved bytes pass the threshold: the block core's
+// release then gives back every wholly free segment (core.ReleasePolicy
+// WholeSegments), and runs again only once more has become free than it
+// left behind; not while a CUDA graph capture is underway. Freed segments are not cached: Config.PageCacheBytes
 // is unused. ReservedBytes counts the segments held; PagesCreated counts
 // the segments allocated and Unmaps those freed.
 //

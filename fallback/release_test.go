@@ -143,9 +143,7 @@ func TestReleaseThresholdFragmented(t *testing.T) {
 		require.NoError(t, a.Free(p))
 	}
 	require.Equal(t, 3, d.Usage().Allocs, "no segment is wholly free")
-	a.trim.Lock()
-	floor := a.trim.floor
-	a.trim.Unlock()
+	floor := a.heap.ReleaseFloor()
 	free := uint64(3*20*mib - 3*(1*mib+512))
 	require.Equal(t, free-10*mib, floor, "what the release left above the threshold")
 	for i, p := range pins {

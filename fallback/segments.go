@@ -24,6 +24,14 @@ type segments struct {
 
 var _ core.Backing = (*segments)(nil)
 
+// ReleasePolicy: the release threshold gives back whole free segments
+// (a freed plain allocation cannot be mapped again at its address).
+func (s *segments) ReleasePolicy() core.ReleasePolicy {
+	return core.ReleasePolicy{WholeSegments: true}
+}
+
+var _ core.ReleasePolicer = (*segments)(nil)
+
 // SegmentSize is the size of the segment the fallback allocator makes for
 // a request of size bytes that no cached block can serve, as PyTorch's
 // native allocator sizes them: requests up to cfg.SmallLimit (1 MiB by

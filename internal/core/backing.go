@@ -40,6 +40,26 @@ type Backing interface {
 	ReleaseCache(st *Stats) error
 }
 
+// ReleasePolicy is how the Heap applies the release threshold
+// (Config.ReleaseThreshold) after a free. A Backing that needs other than
+// the default (unmap whole free pages until the free mapped bytes are
+// under the threshold) implements ReleasePolicer.
+type ReleasePolicy struct {
+	// WholeSegments: once over the threshold, give back every wholly free
+	// segment at once, dropping each (for a Backing whose segment is one
+	// page that cannot be mapped again at its address: fallback's plain
+	// allocations). Free memory in partly used segments cannot go that
+	// way, so after a release that left the free bytes over the threshold
+	// the next one waits until they pass it by more than what was left:
+	// not every free walks every segment.
+	WholeSegments bool
+}
+
+// ReleasePolicer is implemented by a Backing with its own ReleasePolicy.
+type ReleasePolicer interface {
+	ReleasePolicy() ReleasePolicy
+}
+
 // Seg is a live segment (Segment is its snapshot): a range of addresses that blocks tile: for the expandable
 // allocator a reserved range of one (stream, pool), for fallback one plain
 // allocation. The exported fields are set by Backing.NewSegment and do not

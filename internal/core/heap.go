@@ -26,6 +26,9 @@ type Heap struct {
 	cfg   Config
 	limit uint64 // no request above this can ever succeed
 	log   *slog.Logger
+	// release is the Backing's ReleasePolicy (the zero value if it has
+	// none).
+	release ReleasePolicy
 	// done is closed by Close (under mu, see wakeLocked): an allocation
 	// sleeping in the OOM backoff, without the lock, wakes on it.
 	done chan struct{}
@@ -55,6 +58,9 @@ type Heap struct {
 		routes   []route
 		deferred []*block
 		memLimit memLimit // the cap on reserved bytes (limit.go)
+		// trimFloor is, under ReleasePolicy.WholeSegments, the free bytes
+		// over the threshold that the last release left (release.go).
+		trimFloor uint64
 		hist     *history // the allocation history, nil while off (history.go)
 	}
 }
@@ -70,6 +76,9 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 		log = slog.New(slog.DiscardHandler)
 	}
 	h := &Heap{drv: d, dev: dev, back: b, cfg: cfg, limit: limit, log: log, done: make(chan struct{})}
+	if rp, ok := b.(ReleasePolicer); ok {
+		h.release = rp.ReleasePolicy()
+	}
 	h.mu.states = make(map[stateKey]*state)
 	h.mu.blocks = make(map[vmm.DevicePtr]*block)
 	h.mu.nodes = btree.NewFreeListG[*block](1024)

@@ -80,10 +80,17 @@ func (h *Heap) releaseCacheLocked() error {
 }
 
 // trimLocked unmaps whole free pages while the free bytes in mapped pages
-// exceed the release threshold.
+// exceed the release threshold, or as the Backing's ReleasePolicy says.
 func (h *Heap) trimLocked() {
 	over := h.freeMappedLocked() - int64(h.cfg.ReleaseThreshold)
+	if over <= 0 {
+		h.mu.trimFloor = 0
+	}
 	if over <= 0 || h.capturingLocked() {
+		return
+	}
+	if h.release.WholeSegments {
+		h.trimSegmentsLocked(uint64(over))
 		return
 	}
 	for _, st := range h.mu.states {
@@ -102,6 +109,34 @@ func (h *Heap) trimLocked() {
 			}
 		}
 	}
+}
+
+// trimSegmentsLocked is the release threshold under
+// ReleasePolicy.WholeSegments: every wholly free segment of the shared
+// pools goes back, unless the free bytes over the threshold (over) are no
+// more than the last release left.
+func (h *Heap) trimSegmentsLocked(over uint64) {
+	if over <= h.mu.trimFloor {
+		return
+	}
+	var errs []error
+	for _, st := range h.mu.states {
+		if st.key.private.IsZero() {
+			errs = append(errs, h.releaseStateLocked(st, false))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		h.log.Warn("xseg: releasing free segments above the release threshold", "err", err)
+	}
+	h.mu.trimFloor = uint64(max(0, h.freeMappedLocked()-int64(h.cfg.ReleaseThreshold)))
+}
+
+// ReleaseFloor is what the last release under ReleasePolicy.WholeSegments
+// left over the threshold (0 after none, or once under it again).
+func (h *Heap) ReleaseFloor() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.mu.trimFloor
 }
 
 // freeMappedLocked is the free bytes in mapped pages of the shared pools:
