@@ -61,7 +61,7 @@ type Heap struct {
 		// trimFloor is, under ReleasePolicy.WholeSegments, the free bytes
 		// over the threshold that the last release left (release.go).
 		trimFloor uint64
-		hist     *history // the allocation history, nil while off (history.go)
+		hist      *history // the allocation history, nil while off (history.go)
 	}
 }
 
