@@ -78,7 +78,7 @@ type mapped struct {
 	drv   vmm.Driver
 	desc  *handles.Descriptor
 	base  vmm.DevicePtr
-	pages []vmm.Handle // imported, not yet released
+	pages []vmm.Handle // imported, in page order; 0 where released or not imported
 	// nmapped counts the pages mapped from base, reserved whether base
 	// is still reserved: what a teardown has left to undo.
 	nmapped  int
