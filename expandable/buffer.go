@@ -212,18 +212,20 @@ func (b *Buffer) mapRun(off uint64, count int) error {
 	if err := b.unstick(); err != nil {
 		return err
 	}
-	made := make([]vmm.Handle, 0, count)
-	for i := range count {
-		h, err := b.d.Create(b.dev, b.ps, b.types)
-		if err != nil {
-			return errors.Join(fmt.Errorf("creating page %d of %d (%d bytes): %w", i+1, count, b.ps, err), b.release(made))
-		}
-		made = append(made, h)
-	}
-	left, err := pagerun.Map(b.d, b.base.Add(off), b.ps, made, b.rw)
+	made := make([]vmm.Handle, count)
+	left, err := pagerun.MapFrom(b.d, b.base.Add(off), b.ps, made, b.rw, pagerun.Source{
+		Take: func(i int) (vmm.Handle, error) {
+			h, err := b.d.Create(b.dev, b.ps, b.types)
+			if err != nil {
+				return 0, fmt.Errorf("creating page %d of %d (%d bytes): %w", i+1, count, b.ps, err)
+			}
+			return h, nil
+		},
+		Give: b.release,
+	})
 	if err != nil {
 		b.mu.stuck, b.mu.stuckAt = made[:left], off
-		return errors.Join(err, b.release(made[left:]))
+		return err
 	}
 	size := uint64(count) * b.ps
 	b.mu.pages = append(b.mu.pages, made...)

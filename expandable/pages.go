@@ -128,18 +128,13 @@ func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stat
 	if err := p.unstickLocked(seg, first, first+n); err != nil {
 		return fmt.Errorf("mapping %d pages at %v: %w", n, ptr, err)
 	}
-	run := sp.handles[first : first+n]
-	for i := range run {
-		h, err := p.takePage(seg.Pool, st)
-		if err != nil {
-			return errors.Join(err, p.putPages(seg.Pool, run[:i]))
-		}
-		run[i] = h
-	}
-	left, err := pagerun.Map(p.d, ptr, ps, run, p.accessLocked())
+	left, err := pagerun.MapFrom(p.d, ptr, ps, sp.handles[first:first+n], p.accessLocked(), pagerun.Source{
+		Take: func(int) (vmm.Handle, error) { return p.takePage(seg.Pool, st) },
+		Give: func(hs []vmm.Handle) error { return p.putPages(seg.Pool, hs) },
+	})
 	if err != nil {
 		p.stick(seg, first, left)
-		return errors.Join(err, p.putPages(seg.Pool, run[left:]))
+		return err
 	}
 	st.Maps += int64(n)
 	st.SetAccessCalls++

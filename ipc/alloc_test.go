@@ -342,7 +342,8 @@ func TestAllocExporterExitsFirst(t *testing.T) {
 	require.NoError(t, err, "child: %s", c.errOut.String())
 	desc, err := hex.DecodeString(strings.TrimSpace(strings.TrimPrefix(line, "desc=")))
 	require.NoError(t, err)
-	m, err := Open(context.Background(), desc, d, 0, OpenOptions{})
+	im := NewImporter(d)
+	m, err := im.Open(context.Background(), desc, 0, OpenOptions{})
 	require.NoError(t, err)
 	require.Equal(t, TransportPidfd, m.Via())
 	require.True(t, m.Leased())
@@ -353,8 +354,8 @@ func TestAllocExporterExitsFirst(t *testing.T) {
 	require.NoError(t, readPattern(d, m.Ptr(), size, seedParent), "mapping valid after the exporter exited")
 	require.NoError(t, writePattern(d, m.Ptr(), size, seedChild))
 	require.NoError(t, readPattern(d, m.Ptr(), size, seedChild))
-	m2, err := Open(context.Background(), desc, d, 0, OpenOptions{})
-	require.NoError(t, err, "a second Open in this process shares the mapping")
+	m2, err := im.Open(context.Background(), desc, 0, OpenOptions{})
+	require.NoError(t, err, "a second Open through the importer shares the mapping")
 	require.Equal(t, m.Ptr(), m2.Ptr())
 	require.NoError(t, m.Close())
 	require.NoError(t, readPattern(d, m2.Ptr(), size, seedChild), "the mapping lives while one Open holds it")
@@ -365,8 +366,8 @@ func TestAllocExporterExitsFirst(t *testing.T) {
 	require.Error(t, err, "a fresh fetch finds the exporter gone")
 }
 
-// TestOpenTwiceSharesOneMapping: two Opens of one descriptor in one
-// process share one mapping of exactly the shared extent and one lease.
+// TestOpenTwiceSharesOneMapping: two Opens of one descriptor through one
+// Importer share one mapping of exactly the shared extent and one lease.
 func TestOpenTwiceSharesOneMapping(t *testing.T) {
 	requirePidfd(t)
 	requireNoFDLeak(t)
@@ -386,9 +387,10 @@ func TestOpenTwiceSharesOneMapping(t *testing.T) {
 	desc, err := s.MarshalBinary()
 	require.NoError(t, err)
 
-	m1, err := Open(context.Background(), desc, imp, 0, OpenOptions{})
+	im := NewImporter(imp)
+	m1, err := im.Open(context.Background(), desc, 0, OpenOptions{})
 	require.NoError(t, err)
-	m2, err := Open(context.Background(), desc, imp, 0, OpenOptions{})
+	m2, err := im.Open(context.Background(), desc, 0, OpenOptions{})
 	require.NoError(t, err)
 	require.Equal(t, m1.Ptr(), m2.Ptr())
 	require.Equal(t, d.Offset, uint64(m1.Ptr())%d.PageSize, "the block sits at its offset in the first page")
@@ -408,6 +410,6 @@ func TestOpenTwiceSharesOneMapping(t *testing.T) {
 	require.NoError(t, s.Close())
 	require.Zero(t, a.Pinned())
 
-	_, err = Open(context.Background(), desc[:10], imp, 0, OpenOptions{})
+	_, err = im.Open(context.Background(), desc[:10], 0, OpenOptions{})
 	require.ErrorIs(t, err, vmm.ErrInvalid)
 }

@@ -63,15 +63,18 @@
 //
 // # Importer
 //
-// [Open] maps a descriptor's block into this process: it refuses a shared
-// extent larger than the importing device's memory (vmm.ErrInvalid: the
-// format allows 2^60 bytes, and the extent is reserved whole), fetches the pages,
-// imports each into the driver, reserves exactly the shared extent (page
-// count times page size, not the device's memory), maps the pages and
-// grants the device access with one SetAccess. Opens of one descriptor on
-// one driver and device share one mapping, counted by reference; the last
+// An [Importer] (one per driver, held by the process that owns the
+// driver) maps a descriptor's block into this process with
+// [Importer.Open]: it refuses a shared extent larger than the importing
+// device's memory (vmm.ErrInvalid: the format allows 2^60 bytes, and the
+// extent is reserved whole), fetches the pages, reserves exactly the
+// shared extent (page count times page size, not the device's memory),
+// imports each page into the driver, maps the pages and grants the device
+// access with one SetAccess. Opens of one descriptor through one importer
+// for one device share one mapping, counted by reference; the last
 // [Mapping.Close] unmaps, releases, unreserves and ends the lease. A
-// mapping stays valid after the exporter exits.
+// mapping stays valid after the exporter exits. [Open] opens through an
+// importer of its own, which shares with nothing.
 //
 // # What an importer can reach
 //
@@ -93,8 +96,8 @@
 // no VMM page handle; ShareBlock shares the whole allocation as one page
 // with the block's offset and length in it. On CUDA the page is the
 // allocation's legacy IPC handle (a cuda-ipc descriptor, [TransportCUDAIPC]:
-// the handle travels in the descriptor, the socket gives the lease); Open
-// opens it with vmm.Driver.OpenAllocIPC once per handle per process, shared
+// the handle travels in the descriptor, the socket gives the lease); an
+// Importer opens it with vmm.Driver.OpenAllocIPC once per handle, shared
 // by every descriptor that names it, and refuses it in the exporting
 // process ([ErrOwnIPCHandle]). On the host backend the allocation moves
 // into a memfd at its first share, and the page is that fd, fetched and

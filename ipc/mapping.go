@@ -10,8 +10,9 @@ import (
 	"github.com/xseg-dev/xseg/vmm"
 )
 
-// open does Open's work for m: fetch, import, reserve, map, set access.
-// On failure it has undone everything.
+// open does Open's work for m: fetch, reserve, then import every page,
+// map them and set access (pagerun.MapFrom). On failure it has undone
+// everything.
 func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) error {
 	if m.desc.Kind == handles.KindCUDAIPC {
 		return m.openCUDAIPC(ctx, dev, opts)
@@ -21,15 +22,6 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 		return err
 	}
 	m.recv, m.via, m.leased = r, r.Via, r.Leased()
-	if err := m.importPages(); err != nil {
-		return errors.Join(err, m.teardown(0))
-	}
-	// The imported handles keep the pages; the fds are no longer needed.
-	err = handles.CloseAll(r.FDs)
-	r.FDs = nil
-	if err != nil {
-		return errors.Join(err, m.teardown(0))
-	}
 	ps, size := m.desc.PageSize, m.desc.Bytes()
 	if m.base, err = m.drv.Reserve(size, 0); err != nil {
 		m.base = 0
@@ -40,9 +32,21 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 	if access == vmm.AccessNone {
 		access = vmm.AccessReadWrite
 	}
-	m.nmapped, err = pagerun.Map(m.drv, m.base, ps, m.pages, []vmm.AccessDesc{{Device: dev, Flags: access}})
+	n := len(r.FDs)
+	if m.desc.Kind == handles.KindFabric {
+		n = len(r.Fabric)
+	}
+	m.pages = make([]vmm.Handle, n)
+	m.nmapped, err = pagerun.MapFrom(m.drv, m.base, ps, m.pages, []vmm.AccessDesc{{Device: dev, Flags: access}},
+		pagerun.Source{Take: m.importPage, Give: m.releasePages})
 	if err != nil {
 		return errors.Join(fmt.Errorf("device %d: %w", dev, err), m.undo())
+	}
+	// The imported handles keep the pages; the fds are no longer needed.
+	err = handles.CloseAll(r.FDs)
+	r.FDs = nil
+	if err != nil {
+		return errors.Join(err, m.undo())
 	}
 	return nil
 }
@@ -57,28 +61,39 @@ func (m *mapped) undo() error {
 	return m.teardown(m.nmapped)
 }
 
-// importPages makes a driver handle of every fetched page, in page order.
-// The handles made so far are in m.pages also when it fails.
-func (m *mapped) importPages() error {
-	r := m.recv
+// importPage makes a driver handle of fetched page i: ImportFabric for a
+// fabric descriptor, ImportFD otherwise.
+func (m *mapped) importPage(i int) (vmm.Handle, error) {
 	if m.desc.Kind == handles.KindFabric {
-		for i, f := range r.Fabric {
-			h, err := m.drv.ImportFabric(f.Driver())
-			if err != nil {
-				return fmt.Errorf("importing the fabric handle of page %d (the exporter can share posix fds instead): %w", i, err)
-			}
-			m.pages = append(m.pages, h)
-		}
-		return nil
-	}
-	for i, fd := range r.FDs {
-		h, err := m.drv.ImportFD(fd.Int())
+		h, err := m.drv.ImportFabric(m.recv.Fabric[i].Driver())
 		if err != nil {
-			return fmt.Errorf("importing the fd of page %d: %w", i, err)
+			return 0, fmt.Errorf("importing the fabric handle of page %d (the exporter can share posix fds instead): %w", i, err)
 		}
-		m.pages = append(m.pages, h)
+		return h, nil
 	}
-	return nil
+	h, err := m.drv.ImportFD(m.recv.FDs[i].Int())
+	if err != nil {
+		return 0, fmt.Errorf("importing the fd of page %d: %w", i, err)
+	}
+	return h, nil
+}
+
+// releasePages releases imported pages that are not mapped and clears
+// their places; a page that fails to release keeps its place, for the
+// teardown to release again.
+func (m *mapped) releasePages(hs []vmm.Handle) error {
+	var errs []error
+	for i, h := range hs {
+		if h == 0 {
+			continue
+		}
+		if err := m.drv.Release(h); err != nil {
+			errs = append(errs, fmt.Errorf("releasing imported page %#x: %w", uint64(h), err))
+			continue
+		}
+		hs[i] = 0
+	}
+	return errors.Join(errs...)
 }
 
 // teardown undoes open as far as it got: unmaps the first n pages
@@ -98,15 +113,9 @@ func (m *mapped) teardown(n int) error {
 	}
 	m.nmapped = 0
 	var errs []error
-	keep := m.pages[:0]
-	for _, h := range m.pages {
-		if err := m.drv.Release(h); err != nil {
-			errs = append(errs, fmt.Errorf("releasing imported page %#x: %w", uint64(h), err))
-			keep = append(keep, h)
-		}
+	if err := m.releasePages(m.pages); err != nil {
+		errs = append(errs, err)
 	}
-	clear(m.pages[len(keep):])
-	m.pages = keep
 	if m.reserved {
 		if err := m.drv.Unreserve(m.base, m.desc.Bytes()); err != nil {
 			errs = append(errs, fmt.Errorf("giving back the range at %v: %w", m.base, err))

@@ -3,7 +3,6 @@ package ipc
 import (
 	"context"
 	"fmt"
-	"reflect"
 	"sync"
 
 	"github.com/xseg-dev/xseg/handles"
@@ -22,10 +21,10 @@ type OpenOptions struct {
 
 // A Mapping is one Open of a shared block: the block's bytes at an address
 // of this process. Opens of the same descriptor (same exporter pid and
-// token) on the same driver and device share one mapping, counted by
-// reference: each Open returns its own Mapping, and the shared mapping is
-// unmapped when the last of them closes. A mapping stays valid after the
-// exporter exits.
+// token) through the same Importer and on the same device share one
+// mapping, counted by reference: each Open returns its own Mapping, and
+// the shared mapping is unmapped when the last of them closes. A mapping
+// stays valid after the exporter exits.
 //
 // A Mapping is safe for concurrent use.
 type Mapping struct {
@@ -72,13 +71,14 @@ func (m *Mapping) Close() error {
 	return nil
 }
 
-// mapped is the one mapping of a descriptor in this process.
+// mapped is the one mapping of a descriptor in an Importer.
 type mapped struct {
-	key   any // registry key, nil if not shared
+	im    *Importer
+	key   mapKey
 	drv   vmm.Driver
 	desc  *handles.Descriptor
 	base  vmm.DevicePtr
-	pages []vmm.Handle // imported, not yet released
+	pages []vmm.Handle // imported, in page order; 0 where released or not imported
 	// nmapped counts the pages mapped from base, reserved whether base
 	// is still reserved: what a teardown has left to undo.
 	nmapped  int
@@ -89,68 +89,94 @@ type mapped struct {
 	leased   bool
 	ready    chan struct{} // closed when Open's work ended
 	err      error         // of that work, read after ready
-	refs     int           // guarded by registry
+	refs     int           // guarded by im.mu
 }
 
+// mapKey names a mapping in its Importer: the descriptor's exporter and
+// token, and the device it is mapped for.
 type mapKey struct {
 	pid   int
 	token handles.Token
-	drv   vmm.Driver
 	dev   vmm.Device
 }
 
-var registry struct {
-	sync.Mutex
-	m map[mapKey]*mapped
+// An Importer opens shared blocks into this process on one driver, and
+// keeps what Opens through it share: one mapping of each descriptor and
+// device, counted by reference (see Mapping), and, for cuda-ipc
+// descriptors, one vmm.Driver.OpenAllocIPC of each handle and device,
+// which CUDA allows once per process. The importer is the state a process
+// keeps for its driver: hold one per driver (cmd/libxseg holds one for
+// its driver) and open everything through it. Two Importers on one driver
+// share nothing: each maps the blocks opened through it, and the second
+// OpenAllocIPC of a cuda-ipc handle fails on CUDA.
+//
+// An Importer needs no closing: it holds only its live Mappings, each
+// closed by its own Close. It is safe for concurrent use.
+type Importer struct {
+	drv vmm.Driver
+	mu  sync.Mutex // guards maps and the refs of every mapping in it
+	// maps are the live mappings (and those an Open is still making).
+	maps map[mapKey]*mapped
+	// ipcMu guards opens, and is held across the driver's open and close
+	// of a handle: they are rare, and it keeps an open from racing the
+	// close of the same handle.
+	ipcMu sync.Mutex
+	opens map[ipcKey]*ipcOpen
 }
 
+// NewImporter returns an Importer that opens shared blocks on drv. It
+// does not close drv.
+func NewImporter(drv vmm.Driver) *Importer {
+	return &Importer{drv: drv, maps: map[mapKey]*mapped{}, opens: map[ipcKey]*ipcOpen{}}
+}
+
+// Driver is the driver the importer opens blocks on.
+func (im *Importer) Driver() vmm.Driver { return im.drv }
+
 // Open maps the block that desc (a descriptor's wire form, untrusted)
-// names into this process for device dev of drv: it refuses a shared
-// extent larger than dev's memory (vmm.ErrInvalid), fetches the pages
-// (Fetch, with opts.Fetch), imports each (ImportFD, or ImportFabric for a
-// fabric descriptor), reserves exactly the shared extent (page count times
-// page size), maps the pages in order, and grants dev access to the run
-// with one SetAccess. The fetched fds are closed once imported: the
-// imported handles keep the pages. On any failure everything done is
-// undone and the error says which step failed.
+// names into this process for device dev of the importer's driver: it
+// refuses a shared extent larger than dev's memory (vmm.ErrInvalid),
+// fetches the pages (Fetch, with opts.Fetch), reserves exactly the shared
+// extent (page count times page size), imports each page (ImportFD, or
+// ImportFabric for a fabric descriptor), maps them in order, and grants
+// dev access to the run with one SetAccess. The fetched fds are closed
+// once the pages are mapped: the imported handles keep the pages. On any
+// failure everything done is undone and the error says which step failed.
+//
+// A descriptor already open through im for dev is not fetched again: the
+// new Mapping shares the mapping (see Mapping), also after its exporter
+// has exited.
 //
 // A cuda-ipc descriptor (a block of the fallback allocator on CUDA) is
-// opened with vmm.Driver.OpenAllocIPC instead, once per handle in this
-// process however many descriptors name it, read-write, and closed with
+// opened with vmm.Driver.OpenAllocIPC instead, once per handle in the
+// importer however many descriptors name it, read-write, and closed with
 // CloseAllocIPC after the last Mapping of it closes. Opening one in the
 // process that exported it fails with ErrOwnIPCHandle.
 //
 // Open is safe for concurrent use; concurrent Opens of one descriptor wait
 // for one mapping. ctx bounds the socket exchange.
-func Open(ctx context.Context, desc []byte, drv vmm.Driver, dev vmm.Device, opts OpenOptions) (*Mapping, error) {
+func (im *Importer) Open(ctx context.Context, desc []byte, dev vmm.Device, opts OpenOptions) (*Mapping, error) {
 	d, err := handles.ParseDescriptor(desc)
 	if err == nil {
-		err = checkFits(drv, dev, d)
+		err = checkFits(im.drv, dev, d)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("opening a shared block: %w", err)
 	}
-	m := &mapped{drv: drv, desc: d, ready: make(chan struct{}), refs: 1}
-	if reflect.TypeOf(drv) != nil && reflect.TypeOf(drv).Comparable() {
-		m.key = mapKey{d.ExporterPID, d.Token, drv, dev}
-	}
-	if m.key != nil {
-		registry.Lock()
-		if old := registry.m[m.key.(mapKey)]; old != nil {
-			old.refs++
-			registry.Unlock()
-			<-old.ready
-			if old.err != nil {
-				return nil, old.err
-			}
-			return &Mapping{m: old}, nil
+	key := mapKey{d.ExporterPID, d.Token, dev}
+	im.mu.Lock()
+	if old := im.maps[key]; old != nil {
+		old.refs++
+		im.mu.Unlock()
+		<-old.ready
+		if old.err != nil {
+			return nil, old.err
 		}
-		if registry.m == nil {
-			registry.m = make(map[mapKey]*mapped)
-		}
-		registry.m[m.key.(mapKey)] = m
-		registry.Unlock()
+		return &Mapping{m: old}, nil
 	}
+	m := &mapped{im: im, key: key, drv: im.drv, desc: d, ready: make(chan struct{}), refs: 1}
+	im.maps[key] = m
+	im.mu.Unlock()
 	m.err = m.open(ctx, dev, opts)
 	if m.err != nil {
 		m.err = fmt.Errorf("opening %d-byte block of pid %d: %w", d.Length, d.ExporterPID, m.err)
@@ -163,27 +189,34 @@ func Open(ctx context.Context, desc []byte, drv vmm.Driver, dev vmm.Device, opts
 	return &Mapping{m: m}, nil
 }
 
-// forget takes a failed mapping out of the registry; Opens that waited
+// Open opens desc for device dev of drv through an Importer of its own
+// (NewImporter(drv).Open): see Importer.Open. Its mapping is shared with
+// no other Open, and on CUDA a cuda-ipc descriptor whose handle this
+// process already has open fails. A process that opens a block more than
+// once, or several blocks of one fallback segment, opens them through one
+// Importer.
+func Open(ctx context.Context, desc []byte, drv vmm.Driver, dev vmm.Device, opts OpenOptions) (*Mapping, error) {
+	return NewImporter(drv).Open(ctx, desc, dev, opts)
+}
+
+// forget takes a failed mapping out of its importer; Opens that waited
 // for it return its error.
 func (m *mapped) forget() {
-	if m.key == nil {
-		return
-	}
-	registry.Lock()
-	delete(registry.m, m.key.(mapKey))
-	registry.Unlock()
+	m.im.mu.Lock()
+	delete(m.im.maps, m.key)
+	m.im.mu.Unlock()
 }
 
 // unref drops one reference and reports whether it was the last: the
 // caller then tears the mapping down. A new Open of the descriptor makes
 // a mapping of its own.
 func (m *mapped) unref() bool {
-	registry.Lock()
-	defer registry.Unlock()
+	m.im.mu.Lock()
+	defer m.im.mu.Unlock()
 	m.refs--
 	last := m.refs == 0
-	if last && m.key != nil {
-		delete(registry.m, m.key.(mapKey))
+	if last {
+		delete(m.im.maps, m.key)
 	}
 	return last
 }

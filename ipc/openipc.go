@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"reflect"
-	"sync"
 
 	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/vmm"
@@ -17,46 +15,34 @@ import (
 // exporting process); the exporter uses the block's own address instead.
 var ErrOwnIPCHandle = fmt.Errorf("a CUDA IPC handle cannot be opened in the process that exported it (use the block's own address there): %w", vmm.ErrInvalid)
 
-// ipcOpen is one vmm.Driver.OpenAllocIPC of a handle in this process. The
+// ipcOpen is one vmm.Driver.OpenAllocIPC of a handle in an Importer. The
 // CUDA driver opens a handle once per process, and the mappings of
 // several blocks of one allocation (several descriptors) name the same
 // handle, so they share one open, counted by reference.
 type ipcOpen struct {
-	key  any // ipcKey, nil if the driver is not comparable
-	drv  vmm.AllocIPC
+	im   *Importer
+	key  ipcKey
 	base vmm.DevicePtr
 	size uint64
-	refs int // guarded by ipcOpens
+	refs int // guarded by im.ipcMu
 }
 
+// ipcKey names an open in its Importer.
 type ipcKey struct {
-	drv vmm.Driver
 	dev vmm.Device
 	h   handles.IPCHandle
 }
 
-// ipcOpens holds every live ipcOpen by key. Its lock is held across the
-// driver's open and close, which serializes them process-wide; they are
-// rare, and it keeps an open from racing the close of the same handle.
-var ipcOpens struct {
-	sync.Mutex
-	m map[ipcKey]*ipcOpen
-}
-
-// acquireIPC returns the open of h on drv for dev, opening it on first use.
-func acquireIPC(drv vmm.Driver, dev vmm.Device, h handles.IPCHandle) (*ipcOpen, error) {
-	ipcOpens.Lock()
-	defer ipcOpens.Unlock()
-	var key any
-	if t := reflect.TypeOf(drv); t != nil && t.Comparable() {
-		k := ipcKey{drv, dev, h}
-		if o := ipcOpens.m[k]; o != nil {
-			o.refs++
-			return o, nil
-		}
-		key = k
+// acquireIPC returns the open of h for dev, opening it on first use.
+func (im *Importer) acquireIPC(dev vmm.Device, h handles.IPCHandle) (*ipcOpen, error) {
+	im.ipcMu.Lock()
+	defer im.ipcMu.Unlock()
+	key := ipcKey{dev, h}
+	if o := im.opens[key]; o != nil {
+		o.refs++
+		return o, nil
 	}
-	ai, err := vmm.AllocIPCOf(drv)
+	ai, err := vmm.AllocIPCOf(im.drv)
 	if err != nil {
 		return nil, fmt.Errorf("opening %v: %w", h, err)
 	}
@@ -64,31 +50,29 @@ func acquireIPC(drv vmm.Driver, dev vmm.Device, h handles.IPCHandle) (*ipcOpen, 
 	if err != nil {
 		return nil, fmt.Errorf("opening %v on device %d: %w", h, dev, err)
 	}
-	o := &ipcOpen{key: key, drv: ai, base: base, size: size, refs: 1}
-	if key != nil {
-		if ipcOpens.m == nil {
-			ipcOpens.m = make(map[ipcKey]*ipcOpen)
-		}
-		ipcOpens.m[key.(ipcKey)] = o
-	}
+	o := &ipcOpen{im: im, key: key, base: base, size: size, refs: 1}
+	im.opens[key] = o
 	return o, nil
 }
 
 // release drops one reference and closes the open after the last. If the
 // close fails the open stays registered, so a later Open reuses it.
 func (o *ipcOpen) release() error {
-	ipcOpens.Lock()
-	defer ipcOpens.Unlock()
+	im := o.im
+	im.ipcMu.Lock()
+	defer im.ipcMu.Unlock()
 	if o.refs--; o.refs > 0 {
 		return nil
 	}
-	if err := o.drv.CloseAllocIPC(o.base); err != nil {
+	ai, err := vmm.AllocIPCOf(im.drv) // it has it: the open was made through it
+	if err == nil {
+		err = ai.CloseAllocIPC(o.base)
+	}
+	if err != nil {
 		o.refs++
 		return fmt.Errorf("closing the CUDA IPC allocation at %v: %w", o.base, err)
 	}
-	if o.key != nil {
-		delete(ipcOpens.m, o.key.(ipcKey))
-	}
+	delete(im.opens, o.key)
 	return nil
 }
 
@@ -106,7 +90,7 @@ func (m *mapped) openCUDAIPC(ctx context.Context, dev vmm.Device, opts OpenOptio
 		return err
 	}
 	m.recv, m.via, m.leased = r, r.Via, r.Leased()
-	o, err := acquireIPC(m.drv, dev, r.IPC)
+	o, err := m.im.acquireIPC(dev, r.IPC)
 	if err != nil {
 		return errors.Join(err, m.teardown(0))
 	}

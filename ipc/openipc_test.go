@@ -82,8 +82,11 @@ func foreign(t *testing.T, s *Share) []byte {
 }
 
 // TestCUDAIPCOpensOncePerHandle: two blocks of one segment shared as two
-// cuda-ipc descriptors open the allocation once in the importer, and
-// close it after the last mapping; the exporting process is refused.
+// cuda-ipc descriptors open the allocation once in the Importer (whose
+// driver here is of a type a registry keyed by drivers could not hold),
+// and close it after the last mapping; another importer opens the handle
+// itself (which CUDA, as the fake, refuses while the first holds it); the
+// exporting process is refused.
 func TestCUDAIPCOpensOncePerHandle(t *testing.T) {
 	requireNoFDLeak(t)
 	f := &fakeIPC{Driver: backendDriver(t, "host"), sizes: map[vmm.DevicePtr]uint64{}, open: map[vmm.DevicePtr]bool{}}
@@ -102,30 +105,34 @@ func TestCUDAIPCOpensOncePerHandle(t *testing.T) {
 
 	own, err := s1.MarshalBinary()
 	require.NoError(t, err)
-	_, err = Open(context.Background(), own, f, 0, OpenOptions{})
+	im := NewImporter(uncomparable{Driver: f})
+	_, err = im.Open(context.Background(), own, 0, OpenOptions{})
 	require.ErrorIs(t, err, ErrOwnIPCHandle)
 	require.Equal(t, 0, f.opens, "refused before the driver is asked")
 
 	ctx := context.Background()
-	m1, err := Open(ctx, foreign(t, s1), f, 0, OpenOptions{})
+	m1, err := im.Open(ctx, foreign(t, s1), 0, OpenOptions{})
 	require.NoError(t, err)
 	require.Equal(t, TransportCUDAIPC, m1.Via())
 	require.False(t, m1.Leased(), "no socket, no lease")
-	m2, err := Open(ctx, foreign(t, s2), f, 0, OpenOptions{})
+	m2, err := im.Open(ctx, foreign(t, s2), 0, OpenOptions{})
 	require.NoError(t, err)
 	require.Equal(t, p1, m1.Ptr())
 	require.Equal(t, p2, m2.Ptr(), "the block sits at its offset in the opened allocation")
 	opens, _ := f.counts()
-	require.Equal(t, 1, opens, "one open per handle per process")
+	require.Equal(t, 1, opens, "one open per handle in the importer")
+	_, err = NewImporter(f).Open(ctx, foreign(t, s2), 0, OpenOptions{})
+	require.ErrorIs(t, err, vmm.ErrInUse, "another importer opens the handle itself")
 	require.NoError(t, m1.Close())
 	_, closes := f.counts()
 	require.Zero(t, closes, "the other mapping still uses the allocation")
 	require.NoError(t, m2.Close())
 	opens, closes = f.counts()
 	require.Equal(t, 1, closes)
+	require.Empty(t, im.opens)
 
 	f.short = fbPre + 4096 // the block at 3 MiB does not fit
-	_, err = Open(ctx, foreign(t, s2), f, 0, OpenOptions{})
+	_, err = im.Open(ctx, foreign(t, s2), 0, OpenOptions{})
 	require.ErrorIs(t, err, vmm.ErrInvalid)
 	require.ErrorContains(t, err, "the block ends at byte")
 	opens2, closes2 := f.counts()

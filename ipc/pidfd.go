@@ -3,12 +3,11 @@ package ipc
 import (
 	"errors"
 	"fmt"
-	"os"
-	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/xseg-dev/xseg/handles"
+	"github.com/xseg-dev/xseg/internal/pidfd"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -112,50 +111,12 @@ func syscallErr(err error) error {
 	return err
 }
 
-var pidfdProbe struct {
-	sync.Mutex
-	done bool
-	err  error
-}
-
-// ProbePidfdGetfd reports whether this process can use pidfd_getfd at all:
-// nil if it can, an error wrapping vmm.ErrNotSupported if the kernel lacks
-// it or a seccomp filter forbids it, any other error when the probe could
-// not tell (that answer is not cached; the next call probes again). A yes
-// does not promise access to another process: that takes ptrace rights
-// over it, which Fetch finds out when it tries. Safe for concurrent use.
-func ProbePidfdGetfd() error {
-	pidfdProbe.Lock()
-	defer pidfdProbe.Unlock()
-	if pidfdProbe.done {
-		return pidfdProbe.err
-	}
-	err := probePidfdGetfd()
-	if err == nil || errors.Is(err, vmm.ErrNotSupported) {
-		pidfdProbe.done, pidfdProbe.err = true, err
-	}
-	return err
-}
-
-// probePidfdGetfd copies one of this process's own fds (the pidfd itself)
-// through pidfd_getfd; on oneself ptrace access is always granted, so a
-// refusal means a filter.
-func probePidfdGetfd() error {
-	pidfd, err := unix.PidfdOpen(os.Getpid(), 0)
-	if err != nil {
-		return probeErr("pidfd_open", err)
-	}
-	defer unix.Close(pidfd)
-	fd, err := unix.PidfdGetfd(pidfd, pidfd, 0)
-	if err != nil {
-		return probeErr("pidfd_getfd", err)
-	}
-	return unix.Close(fd)
-}
-
-func probeErr(call string, err error) error {
-	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
-		return fmt.Errorf("probing %s: %w (%w)", call, vmm.ErrNotSupported, err)
-	}
-	return fmt.Errorf("probing %s: %w", call, err)
-}
+// ProbePidfdGetfd reports whether this process can use pidfd_getfd at
+// all: nil if it can, an error wrapping vmm.ErrNotSupported if the kernel
+// lacks it or a seccomp filter or security module refuses it (EPERM or
+// EACCES on this very process, which ptrace rights cannot explain), any
+// other error when the probe could not tell (that answer is not cached;
+// the next call probes again). A yes does not promise access to another
+// process: that takes ptrace rights over it, which Fetch finds out when
+// it tries. xseg info gives the same answer. Safe for concurrent use.
+func ProbePidfdGetfd() error { return pidfd.Probe() }

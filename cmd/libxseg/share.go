@@ -21,13 +21,16 @@ import (
 
 // sharing is the library's cross-process state: one exporter (serving its
 // abstract socket, made at the first share), the open shares by their
-// descriptor bytes, and the mappings opened here by handle number. It is
-// safe for concurrent use.
+// descriptor bytes, one importer for the library's driver (made at the
+// first open: the opens of one descriptor share a mapping, and those of
+// one CUDA IPC handle one open) and the mappings opened here by handle
+// number. It is safe for concurrent use.
 type sharing struct {
 	mu struct {
 		sync.Mutex
 		exp      *ipc.Exporter
 		shares   map[string]*ipc.Share // by hex of the descriptor
+		imp      *ipc.Importer
 		mappings map[int64]*ipc.Mapping
 		next     int64
 	}
@@ -111,7 +114,7 @@ func (s *sharing) open(desc []byte, device int) (int64, *ipc.Mapping, error) {
 	if _, err := lib.allocator(device); err != nil { // starts the driver
 		return 0, nil, err
 	}
-	m, err := ipc.Open(context.Background(), desc, lib.driver(), vmm.Device(device), ipc.OpenOptions{})
+	m, err := s.importer().Open(context.Background(), desc, vmm.Device(device), ipc.OpenOptions{})
 	if err != nil {
 		return 0, nil, err
 	}
@@ -123,6 +126,17 @@ func (s *sharing) open(desc []byte, device int) (int64, *ipc.Mapping, error) {
 	s.mu.next++
 	s.mu.mappings[s.mu.next] = m
 	return s.mu.next, m, nil
+}
+
+// importer returns the importer of the library's driver, which has
+// started (the driver never changes after that).
+func (s *sharing) importer() *ipc.Importer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.imp == nil {
+		s.mu.imp = ipc.NewImporter(lib.driver())
+	}
+	return s.mu.imp
 }
 
 // close closes the mapping of handle h.

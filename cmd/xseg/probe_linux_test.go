@@ -1,35 +1,41 @@
 package main
 
 import (
-	"strings"
+	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/xseg-dev/xseg/ipc"
+	"github.com/xseg-dev/xseg/vmm"
 )
 
 func TestProbePidfdGetfd(t *testing.T) {
 	p := probePidfdGetfd()
-	if p.Status == probeNo && strings.Contains(p.Detail, "ENOSYS") {
+	if p.Status == probeNo && errors.Is(ipc.ProbePidfdGetfd(), unix.ENOSYS) {
 		t.Skipf("kernel without pidfd_getfd: %s", p.Detail)
 	}
 	// Development and CI machines allow it (DESIGN.md, facts).
 	require.Equal(t, probeYes, p.Status, p.Detail)
+	require.NoError(t, ipc.ProbePidfdGetfd(), "xseg info and package ipc agree")
 }
 
-func TestProbeFailure(t *testing.T) {
-	for errno, want := range map[unix.Errno]probeStatus{
-		unix.ENOSYS: probeNo,
-		unix.EPERM:  probeNo,
-		unix.EACCES: probeNo,
-		unix.EMFILE: probeUnknown,
-		unix.EBADF:  probeUnknown,
+func TestProbeAnswer(t *testing.T) {
+	refused := fmt.Errorf("probing pidfd_getfd: refused: %w (%w)", vmm.ErrNotSupported, unix.EACCES)
+	for _, c := range []struct {
+		err  error
+		want probeStatus
+	}{
+		{nil, probeYes},
+		{refused, probeNo},
+		{fmt.Errorf("probing pidfd_getfd: %w", unix.EMFILE), probeUnknown},
 	} {
-		p := probeFailure("pidfd_getfd", errno)
-		require.Equal(t, want, p.Status, errno.Error())
-		require.Contains(t, p.Detail, "pidfd_getfd: "+errno.Error())
-		if want == probeNo {
-			require.Contains(t, p.Detail, unix.ErrnoName(errno))
+		p := probeAnswer(c.err)
+		require.Equal(t, c.want, p.Status, "%v", c.err)
+		if c.err != nil {
+			require.Equal(t, c.err.Error(), p.Detail, "the detail is the probe's error")
 		}
 	}
 }
