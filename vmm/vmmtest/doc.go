@@ -30,7 +30,23 @@
 //
 // # Fault injection
 //
-// [Faulty] wraps any vmm.Driver and fails the n-th next call of a chosen
-// operation ([Op]) without calling the wrapped driver, so the unwind paths of
-// the allocators run without a GPU (the model is pebble's vfs/errorfs).
+// [Faulty] wraps any vmm.Driver and fails chosen calls without calling the
+// wrapped driver, so the unwind paths of the allocators run without a GPU
+// (the model is pebble's vfs/errorfs). What fails is given by injectors, each
+// a [Where] (which operations, [Op]: Ops, AllOps, categories such as
+// RangeOps) and a [When] (which of their calls: OnNth, EveryNth,
+// WithProbability with a seed, After a duration, AfterFailureOf another
+// operation, combined with And, Or, Not, Then, Times, Once, PerOp), composed
+// freely:
+//
+//	f := vmmtest.NewFaulty(d, vmmtest.Injector{
+//		Where: vmmtest.RangeOps().Or(vmmtest.PageOps()),
+//		When:  vmmtest.WithProbability(0.05, seed),
+//	})
+//
+// FailNth(op, n, err) is the shorthand for the commonest one, and
+// FailNthThen chains the failure of an undo to it. The operations are
+// derived from the driver interface, so a new driver method needs only its
+// forwarding method (and its Op constant) in faulty_driver.go. [RunMatrix]
+// fails every call of a path in turn, alone and followed by a failed undo.
 package vmmtest

@@ -4,52 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/xseg-dev/xseg/vmm"
-)
-
-// Op names a method of vmm.Driver whose calls Faulty counts and can fail.
-type Op string
-
-// The operations, one for each method of vmm.Driver that returns an error.
-const (
-	OpDriverVersion     Op = "DriverVersion"
-	OpDeviceCount       Op = "DeviceCount"
-	OpDeviceInfo        Op = "DeviceInfo"
-	OpMemInfo           Op = "MemInfo"
-	OpReserve           Op = "Reserve"
-	OpUnreserve         Op = "Unreserve"
-	OpCreate            Op = "Create"
-	OpRelease           Op = "Release"
-	OpMap               Op = "Map"
-	OpUnmap             Op = "Unmap"
-	OpSetAccess         Op = "SetAccess"
-	OpGetAccess         Op = "GetAccess"
-	OpExportFD          Op = "ExportFD"
-	OpImportFD          Op = "ImportFD"
-	OpExportFabric      Op = "ExportFabric"
-	OpImportFabric      Op = "ImportFabric"
-	OpStreamCreate      Op = "StreamCreate"
-	OpStreamDestroy     Op = "StreamDestroy"
-	OpStreamSynchronize Op = "StreamSynchronize"
-	OpDeviceSynchronize Op = "DeviceSynchronize"
-	OpEventCreate       Op = "EventCreate"
-	OpEventRecord       Op = "EventRecord"
-	OpEventQuery        Op = "EventQuery"
-	OpEventSynchronize  Op = "EventSynchronize"
-	OpEventDestroy      Op = "EventDestroy"
-	OpCopyHtoD          Op = "CopyHtoD"
-	OpCopyDtoH          Op = "CopyDtoH"
-	OpCopyDtoD          Op = "CopyDtoD"
-	OpMemset            Op = "Memset"
-	OpMemsetAsync       Op = "MemsetAsync"
-	OpMemAlloc          Op = "MemAlloc"
-	OpMemFree           Op = "MemFree"
-	OpExportAllocIPC    Op = "ExportAllocIPC"
-	OpOpenAllocIPC      Op = "OpenAllocIPC"
-	OpCloseAllocIPC     Op = "CloseAllocIPC"
-	OpExportAllocFD     Op = "ExportAllocFD"
-	OpClose             Op = "Close"
 )
 
 // ErrInjected is the cause of an injected failure of an operation that has
@@ -58,11 +15,10 @@ const (
 var ErrInjected = errors.New("injected fault")
 
 // InjectedError is the error of a call that Faulty failed on purpose. It
-// matches its cause (the error given to FailNth, or the default) through
-// errors.Is.
+// matches its cause (the injector's Err, or the default) through errors.Is.
 type InjectedError struct {
 	Op   Op
-	Call int // the call's number, counting from 1 since New or Reset
+	Call int // the call's number among those of Op, from 1 since NewFaulty or Reset
 	Err  error
 }
 
@@ -75,56 +31,104 @@ func (e *InjectedError) Error() string {
 func (e *InjectedError) Unwrap() error { return e.Err }
 
 // Faulty is a vmm.Driver that passes every call to the driver it wraps,
-// counts the calls of each operation, and fails the calls chosen with
-// FailNth without passing them on. A failed call changes nothing, so the
-// wrapped driver's Usage stays exact. Faulty is safe for concurrent use; the
-// n-th call of an operation is the n-th to reach Faulty, in whatever order
-// concurrent callers arrive.
+// counts the calls of each operation, and fails the calls its injectors
+// choose without passing them on. A failed call changes nothing, so the
+// wrapped driver's Usage stays exact.
+//
+// The model, after pebble's vfs/errorfs, keeps apart where a fault may
+// strike and when it does. An [Injector] is a [Where] (a set of operations:
+// Ops(OpMap, OpUnmap), RangeOps(), AllOps(), combined with Or, And, Not), a
+// [When] (OnNth, EveryNth, Always, WithProbability with a seed, After a
+// duration, AfterFailureOf another operation, combined with And, Or, Not,
+// Then, Times, Once and PerOp) and the error to return. On each call every
+// armed injector whose Where holds the operation sees it, in the order they
+// were armed; if any fires, the call fails with the error of the last one
+// that did. FailNth(op, n, err) is Injector{Ops(op), OnNth(n), err}.
+//
+// Faulty is safe for concurrent use; the n-th call of an operation is the
+// n-th to reach Faulty, in whatever order concurrent callers arrive, and the
+// injectors judge the calls one at a time in that order.
 type Faulty struct {
 	d  vmm.Driver
 	mu struct {
 		sync.Mutex
+		now   func() time.Time
 		calls map[Op]int
-		// fail holds, per operation, the call numbers that fail and how.
-		fail map[Op]map[int]error
+		armed []armed
 	}
+}
+
+// Injector fails the calls of the operations in Where that When chooses,
+// with Err.
+type Injector struct {
+	// Where is the operations it may fail; nil: every one.
+	Where Where
+	// When chooses among their calls; the zero When fails them all.
+	When When
+	// Err is the cause of the failures; nil: the operation's default, an
+	// error matching vmm.ErrOutOfMemory for OpCreate and OpMemAlloc,
+	// ErrInjected for the others. The error the call returns is an
+	// *InjectedError wrapping it.
+	Err error
+}
+
+// armed is an Injector in Faulty, its When started.
+type armed struct {
+	where Where
+	when  trigger
+	err   error
 }
 
 var _ vmm.Driver = (*Faulty)(nil)
 
-// NewFaulty wraps d; no call fails until FailNth says so.
-func NewFaulty(d vmm.Driver) *Faulty {
+// NewFaulty wraps d and arms the injectors given, if any.
+func NewFaulty(d vmm.Driver, injectors ...Injector) *Faulty {
 	f := &Faulty{d: d}
+	f.mu.now = time.Now
 	f.Reset()
+	f.Inject(injectors...)
 	return f
 }
 
 // Unwrap returns the wrapped driver.
 func (f *Faulty) Unwrap() vmm.Driver { return f.d }
 
-// FailNth makes the n-th next call of op (1: the very next) fail with err
-// instead of reaching the wrapped driver. A nil err stands for a default:
-// an error matching vmm.ErrOutOfMemory for OpCreate and OpMemAlloc, ErrInjected
-// for the others. The error returned is an *InjectedError wrapping it. Several
-// calls of one op may be armed at once; arming the same call again replaces
-// its error. FailNth panics if n < 1.
-func (f *Faulty) FailNth(op Op, n int, err error) {
-	if n < 1 {
-		panic(fmt.Sprintf("vmmtest: FailNth(%s, %d): n must be at least 1", op, n))
-	}
-	if err == nil {
-		err = ErrInjected
-		if op == OpCreate || op == OpMemAlloc {
-			err = fmt.Errorf("%w: %w", ErrInjected, vmm.ErrOutOfMemory)
-		}
+// SetClock makes now the clock of Call.Time and of After (nil: time.Now).
+// now runs under Faulty's lock and must not call the driver.
+func (f *Faulty) SetClock(now func() time.Time) {
+	if now == nil {
+		now = time.Now
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	at := f.mu.calls[op] + n
-	if f.mu.fail[op] == nil {
-		f.mu.fail[op] = map[int]error{}
+	f.mu.now = now
+}
+
+// Inject arms the injectors after those armed already. Their Whens start
+// now: counts at zero, After's durations from now.
+func (f *Faulty) Inject(injectors ...Injector) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := f.mu.now()
+	for _, inj := range injectors {
+		f.mu.armed = append(f.mu.armed, armed{where: inj.Where, when: inj.When.begin(now), err: inj.Err})
 	}
-	f.mu.fail[op][at] = err
+}
+
+// FailNth makes the n-th next call of op (1: the very next) fail with err
+// (nil: the default, as for Injector.Err) instead of reaching the wrapped
+// driver. Several calls of one op may be armed at once; arming the same call
+// again replaces its error. FailNth panics if n < 1.
+func (f *Faulty) FailNth(op Op, n int, err error) {
+	f.Inject(Injector{Where: Ops(op), When: OnNth(n), Err: err})
+}
+
+// FailNthThen fails the n-th next call of op (with the default error) and,
+// once it has failed, the next call of then: Map fails, then the Unmap or
+// Release of its undo. Fault-matrix tests use it to reach undo paths.
+func (f *Faulty) FailNthThen(op Op, n int, then Op) {
+	f.Inject(Injector{Where: Ops(op), When: OnNth(n)},
+		Injector{Where: Ops(then), When: AfterFailureOf(Ops(op)).Once()})
 }
 
 // Calls reports how many calls of op Faulty has seen since NewFaulty or
@@ -135,25 +139,53 @@ func (f *Faulty) Calls(op Op) int {
 	return f.mu.calls[op]
 }
 
-// Reset forgets the counts and disarms every failure.
+// Reset forgets the counts and disarms every injector.
 func (f *Faulty) Reset() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.mu.calls = map[Op]int{}
-	f.mu.fail = map[Op]map[int]error{}
+	f.mu.armed = nil
 }
 
-// enter counts a call of op and returns the injected error if this call is
-// armed to fail.
+// enter counts a call of op and returns the injected error if an injector
+// fails it.
 func (f *Faulty) enter(op Op) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.mu.calls[op]++
-	n := f.mu.calls[op]
-	err, ok := f.mu.fail[op][n]
-	if !ok {
+	if len(f.mu.armed) == 0 {
 		return nil
 	}
-	delete(f.mu.fail[op], n)
-	return &InjectedError{Op: op, Call: n, Err: err}
+	c := Call{Op: op, N: f.mu.calls[op], Time: f.mu.now()}
+	var cause error
+	fired := false
+	for _, a := range f.mu.armed {
+		if a.where.Has(op) && a.when.fires(c) {
+			cause, fired = a.err, true
+		}
+	}
+	if !fired {
+		return nil
+	}
+	for _, a := range f.mu.armed {
+		a.when.observe(op)
+	}
+	if cause == nil {
+		cause = defaultCause(op)
+	}
+	return &InjectedError{Op: op, Call: c.N, Err: cause}
+}
+
+// defaultCause is the cause of an injected failure of op that was given
+// none.
+func defaultCause(op Op) error {
+	if op == OpCreate || op == OpMemAlloc {
+		return fmt.Errorf("%w: %w", ErrInjected, vmm.ErrOutOfMemory)
+	}
+	return ErrInjected
+}
+
+// notSupported is the answer to an optional method the wrapped driver lacks.
+func (f *Faulty) notSupported(op Op) error {
+	return fmt.Errorf("vmmtest: %s: the %s driver has no such method: %w", op, f.d.Backend(), vmm.ErrNotSupported)
 }

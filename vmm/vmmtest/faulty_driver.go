@@ -2,8 +2,58 @@ package vmmtest
 
 import "github.com/xseg-dev/xseg/vmm"
 
-// The vmm.Driver methods of Faulty: each counts its call, fails it if it is
-// armed, and passes it on otherwise.
+// Op names an operation of the driver: a method of vmm.Driver (or of one of
+// the optional interfaces Faulty forwards) that returns an error. Its value is
+// the method's name. [AllOps] lists them all, derived from the interface.
+type Op string
+
+// The operations, one for each forwarding method below. A new driver method
+// needs its forwarding method and its constant here, nothing else: the set of
+// operations (AllOps, what Ops accepts, PerOp, chaining) is derived from the
+// interface by reflection (faulty_where.go), and TestFaultyEveryOp checks
+// that each method reports its own operation.
+const (
+	OpDriverVersion     Op = "DriverVersion"
+	OpDeviceCount       Op = "DeviceCount"
+	OpDeviceInfo        Op = "DeviceInfo"
+	OpMemInfo           Op = "MemInfo"
+	OpReserve           Op = "Reserve"
+	OpUnreserve         Op = "Unreserve"
+	OpCreate            Op = "Create"
+	OpRelease           Op = "Release"
+	OpMap               Op = "Map"
+	OpUnmap             Op = "Unmap"
+	OpSetAccess         Op = "SetAccess"
+	OpGetAccess         Op = "GetAccess"
+	OpExportFD          Op = "ExportFD"
+	OpImportFD          Op = "ImportFD"
+	OpExportFabric      Op = "ExportFabric"
+	OpImportFabric      Op = "ImportFabric"
+	OpStreamCreate      Op = "StreamCreate"
+	OpStreamDestroy     Op = "StreamDestroy"
+	OpStreamSynchronize Op = "StreamSynchronize"
+	OpDeviceSynchronize Op = "DeviceSynchronize"
+	OpEventCreate       Op = "EventCreate"
+	OpEventRecord       Op = "EventRecord"
+	OpEventQuery        Op = "EventQuery"
+	OpEventSynchronize  Op = "EventSynchronize"
+	OpEventDestroy      Op = "EventDestroy"
+	OpCopyHtoD          Op = "CopyHtoD"
+	OpCopyDtoH          Op = "CopyDtoH"
+	OpCopyDtoD          Op = "CopyDtoD"
+	OpMemset            Op = "Memset"
+	OpMemsetAsync       Op = "MemsetAsync"
+	OpMemAlloc          Op = "MemAlloc"
+	OpMemFree           Op = "MemFree"
+	OpExportAllocIPC    Op = "ExportAllocIPC"
+	OpOpenAllocIPC      Op = "OpenAllocIPC"
+	OpCloseAllocIPC     Op = "CloseAllocIPC"
+	OpExportAllocFD     Op = "ExportAllocFD"
+	OpClose             Op = "Close"
+)
+
+// The driver methods of Faulty: each counts its call (enter), fails it if an
+// injector says so, and passes it on otherwise.
 
 // Backend names the wrapped backend; it is never failed.
 func (f *Faulty) Backend() string { return f.d.Backend() }
@@ -243,16 +293,17 @@ func (f *Faulty) Memset(dst vmm.DevicePtr, value byte, n uint64) error {
 	return f.d.Memset(dst, value, n)
 }
 
-// MemsetAsync implements vmm.AsyncMemsetter.
+// MemsetAsync implements vmm.AsyncMemsetter: it forwards to the wrapped
+// driver's, or answers vmm.ErrNotSupported if that has none.
 func (f *Faulty) MemsetAsync(dst vmm.DevicePtr, value byte, n uint64, s vmm.Stream) error {
 	if err := f.enter(OpMemsetAsync); err != nil {
 		return err
 	}
-	a, err := vmm.AsyncMemsetterOf(f.d)
-	if err != nil {
-		return err
+	d, ok := f.d.(vmm.AsyncMemsetter)
+	if !ok {
+		return f.notSupported(OpMemsetAsync)
 	}
-	return a.MemsetAsync(dst, value, n, s)
+	return d.MemsetAsync(dst, value, n, s)
 }
 
 // MemAlloc implements vmm.Driver.
@@ -271,54 +322,54 @@ func (f *Faulty) MemFree(ptr vmm.DevicePtr) error {
 	return f.d.MemFree(ptr)
 }
 
-// ExportAllocIPC implements vmm.AllocIPC (ErrNotSupported over a driver
-// without it).
+// ExportAllocIPC implements vmm.AllocIPC: it forwards to the wrapped
+// driver's, or answers vmm.ErrNotSupported if that has none.
 func (f *Faulty) ExportAllocIPC(ptr vmm.DevicePtr) (vmm.IPCMemHandle, error) {
 	if err := f.enter(OpExportAllocIPC); err != nil {
 		return vmm.IPCMemHandle{}, err
 	}
-	a, err := vmm.AllocIPCOf(f.d)
-	if err != nil {
-		return vmm.IPCMemHandle{}, err
+	d, ok := f.d.(vmm.AllocIPC)
+	if !ok {
+		return vmm.IPCMemHandle{}, f.notSupported(OpExportAllocIPC)
 	}
-	return a.ExportAllocIPC(ptr)
+	return d.ExportAllocIPC(ptr)
 }
 
-// OpenAllocIPC implements vmm.AllocIPC.
+// OpenAllocIPC implements vmm.AllocIPC, as ExportAllocIPC does.
 func (f *Faulty) OpenAllocIPC(h vmm.IPCMemHandle, dev vmm.Device) (vmm.DevicePtr, uint64, error) {
 	if err := f.enter(OpOpenAllocIPC); err != nil {
 		return 0, 0, err
 	}
-	a, err := vmm.AllocIPCOf(f.d)
-	if err != nil {
-		return 0, 0, err
+	d, ok := f.d.(vmm.AllocIPC)
+	if !ok {
+		return 0, 0, f.notSupported(OpOpenAllocIPC)
 	}
-	return a.OpenAllocIPC(h, dev)
+	return d.OpenAllocIPC(h, dev)
 }
 
-// CloseAllocIPC implements vmm.AllocIPC.
+// CloseAllocIPC implements vmm.AllocIPC, as ExportAllocIPC does.
 func (f *Faulty) CloseAllocIPC(ptr vmm.DevicePtr) error {
 	if err := f.enter(OpCloseAllocIPC); err != nil {
 		return err
 	}
-	a, err := vmm.AllocIPCOf(f.d)
-	if err != nil {
-		return err
+	d, ok := f.d.(vmm.AllocIPC)
+	if !ok {
+		return f.notSupported(OpCloseAllocIPC)
 	}
-	return a.CloseAllocIPC(ptr)
+	return d.CloseAllocIPC(ptr)
 }
 
-// ExportAllocFD implements vmm.AllocFD (ErrNotSupported over a driver
-// without it).
+// ExportAllocFD implements vmm.AllocFD: it forwards to the wrapped driver's,
+// or answers vmm.ErrNotSupported if that has none.
 func (f *Faulty) ExportAllocFD(ptr vmm.DevicePtr) (int, uint64, error) {
 	if err := f.enter(OpExportAllocFD); err != nil {
 		return -1, 0, err
 	}
-	a, err := vmm.AllocFDOf(f.d)
-	if err != nil {
-		return -1, 0, err
+	d, ok := f.d.(vmm.AllocFD)
+	if !ok {
+		return -1, 0, f.notSupported(OpExportAllocFD)
 	}
-	return a.ExportAllocFD(ptr)
+	return d.ExportAllocFD(ptr)
 }
 
 // Close implements vmm.Driver. An injected failure leaves the wrapped driver

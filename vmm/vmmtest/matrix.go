@@ -70,7 +70,7 @@ func dryRun(t *testing.T, open func() (vmm.Driver, error), sc Scenario) map[Op]i
 		t.Fatalf("fault matrix %s: opening the driver: %v", sc.Name, err)
 	}
 	defer d.Close()
-	c := NewChained(d)
+	c := NewFaulty(d)
 	s, err := sc.Setup(c)
 	if err != nil {
 		t.Fatalf("fault matrix %s: setup: %v", sc.Name, err)
@@ -101,7 +101,7 @@ func runCase(open func() (vmm.Driver, error), sc Scenario, op Op, n int, then Op
 		}
 	}()
 	base := TakeBaseline()
-	c := NewChained(d)
+	c := NewFaulty(d)
 	s, err := sc.Setup(c)
 	if err != nil {
 		return fmt.Errorf("setup: %w", err)
