@@ -15,6 +15,10 @@ var _ vmm.Driver = (*Driver)(nil)
 // Driver is the vmm.Driver of the CUDA driver API. It is safe for concurrent
 // use by multiple goroutines, and by threads that entered Go through cgo
 // with a CUDA context of their own current.
+//
+// Only Open makes a working Driver. The methods of one it did not make
+// (the zero value; every Driver of a build without cgo or off Linux) fail
+// with an error matching vmm.ErrNotSupported.
 type Driver struct {
 	sym     symbols // resolved once by Open; nil in a Driver not made by Open
 	books   *ledger.Ledger

@@ -118,7 +118,8 @@ var _ symbols = (*fakeCUDA)(nil)
 func ctxOf(i int) cuContext { return cuContext(0xc0de_0000 + i) }
 
 // failNext makes the next calls of the entry point name (the symbols
-// method's name) fail with rs, one each, before they do anything.
+// method's name) fail with rs, one each, before they do anything; a 0 in
+// rs lets its call through.
 func (f *fakeCUDA) failNext(name string, rs ...Result) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -173,7 +174,9 @@ func (f *fakeCUDA) enter(name string, c cuContext) error {
 	f.mu.calls = append(f.mu.calls, fakeCall{name, c})
 	if rs := f.mu.fail[name]; len(rs) > 0 {
 		f.mu.fail[name] = rs[1:]
-		return rs[0]
+		if rs[0] != 0 {
+			return rs[0]
+		}
 	}
 	if c == ^cuContext(0) {
 		return nil

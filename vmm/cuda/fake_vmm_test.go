@@ -291,3 +291,6 @@ func (f *fakeCUDA) memAllocationProperties(c cuContext, h vmm.Handle) (vmm.Devic
 	}
 	return vmm.Device(p.mem.dev), p.mem.types, nil
 }
+
+// closeFakeFD closes an fd the fake exported.
+func closeFakeFD(fd int) error { return unix.Close(fd) }
