@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,7 +14,7 @@ import (
 // out-of-memory cases are quick.
 const fakeTotal = 1 << 30
 
-// openFake makes a Driver over a fake of n devices, closed when tb ends,
+// openFake makes a Driver over the fake f, closed when tb ends,
 // after checking that it let go of every primary context it retained.
 func openFake(tb testing.TB, f *fakeCUDA) *Driver {
 	tb.Helper()
@@ -31,7 +32,7 @@ func openFake(tb testing.TB, f *fakeCUDA) *Driver {
 // (books, contexts, undo paths) meets the whole contract without a GPU.
 func TestConformanceFake(t *testing.T) {
 	for _, dev := range []vmm.Device{0, 1} {
-		t.Run(map[vmm.Device]string{0: "device0", 1: "device1"}[dev], func(t *testing.T) {
+		t.Run(fmt.Sprintf("device%d", dev), func(t *testing.T) {
 			vmmtest.Run(t, vmmtest.Config{
 				Name: "cuda over the fake",
 				Open: func(t testing.TB) vmm.Driver {
