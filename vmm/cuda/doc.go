@@ -11,6 +11,11 @@
 // then resolves every entry point once, through cuGetProcAddress with the
 // ABI of CUDA 12.0 (so it gets cuMemGetInfo_v2, cuCtxPushCurrent_v2, ...),
 // into a symbol table it owns; calls go through one-line C trampolines.
+// Only that table (the symtab wrappers, lib_cgo.go and calls_*_cgo.go)
+// uses cgo: it turns C's types into Go's and nothing more. The Driver
+// itself (contexts to pick, the books, error wrapping, undoing a failed
+// step) is plain Go over the table's Go interface (symbols.go), built on
+// every platform and tested without a GPU over an in-Go fake of it.
 // Without a driver or a device, Open fails with an error that matches
 // vmm.ErrNotSupported and carries the reason (dlopen's message, the cuInit
 // code). Built without cgo, or off Linux, Open always fails that way.

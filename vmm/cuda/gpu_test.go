@@ -7,7 +7,6 @@ import (
 	"errors"
 	"runtime"
 	"testing"
-	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -79,7 +78,7 @@ func TestContextAfterReopen(t *testing.T) {
 	first := openGPU(t)
 	require.NoError(t, first.setCurrentContext(-1))
 	cycle(t, first)
-	ctx := uintptr(unsafe.Pointer(first.devs[0].Load().ctx))
+	ctx := uintptr(first.devs[0].Load().ctx)
 	require.NoError(t, first.Close())
 	now, _, err := first.currentContext(0)
 	if err == nil {
@@ -92,7 +91,7 @@ func TestContextAfterReopen(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, now, "no context is current after the calls")
 	require.False(t, primary)
-	again := uintptr(unsafe.Pointer(d.devs[0].Load().ctx))
+	again := uintptr(d.devs[0].Load().ctx)
 	t.Logf("primary context handle before Close %#x, after re-Open %#x", ctx, again)
 }
 
@@ -156,7 +155,7 @@ func TestDriverErrors(t *testing.T) {
 	// Map a page at an address no one reserved, behind the books' back.
 	h, err := d.Create(0, g, vmm.HandleNone)
 	require.NoError(t, err)
-	err = d.sym.memMap(nil, 0x1000_0000_0000, g, 0, h)
+	err = d.sym.memMap(0, 0x1000_0000_0000, g, 0, h)
 	require.Error(t, err)
 	require.True(t, errors.As(err, &r), "%v", err)
 	t.Logf("cuMemMap at an unreserved address: %v", err)

@@ -51,6 +51,32 @@ import (
 	"github.com/xseg-dev/xseg/vmm"
 )
 
+// Open loads the CUDA driver (libcuda.so.1) if this process has not yet,
+// initialises it (cuInit(0), once per process), resolves the entry points
+// and retains the primary context of device 0. Other devices' primary
+// contexts are retained when first used, so that a process using one GPU of
+// eight does not create a context on all of them.
+//
+// Without a driver, or without a device, the error matches
+// vmm.ErrNotSupported and says why (dlopen's reason, the cuInit code).
+func Open() (*Driver, error) {
+	lib, err := loadCUDA()
+	if err != nil {
+		return nil, err
+	}
+	if lib.initErr != nil {
+		return nil, lib.initErr
+	}
+	p, err := lib.resolve()
+	if err != nil {
+		return nil, err
+	}
+	return open(symtab{p}, lib.version)
+}
+
+// errUnopened is the error of a Driver that Open did not make.
+var errUnopened = fmt.Errorf("vmm/cuda: the Driver was not made by Open: %w", vmm.ErrNotSupported)
+
 // libraryName is the CUDA driver library, the one the NVIDIA driver installs.
 const libraryName = "libcuda.so.1"
 

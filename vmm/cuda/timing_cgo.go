@@ -90,7 +90,7 @@ static CUresult xs_time_query_loop(xs_syms *s, uintptr_t e, int n, uint64_t *out
 	return CUDA_SUCCESS;
 }
 
-static CUresult xs_time_query(xs_syms *s, CUcontext c, uintptr_t e, int n, uint64_t *out) { XS_IN_CTX(s, c, xs_time_query_loop(s, e, n, out)); }
+static CUresult xs_time_query(xs_syms *s, xs_ctx c, uintptr_t e, int n, uint64_t *out) { XS_IN_CTX(s, c, xs_time_query_loop(s, e, n, out)); }
 static CUresult xs_time_reserve(xs_syms *s, size_t size, int n, uint64_t *out) { XS_IN_CTX(s, NULL, xs_time_reserve_loop(s, size, n, out)); }
 static CUresult xs_time_page(xs_syms *s, CUdeviceptr ptr, size_t size, CUdevice d, int rdma, int n, uint64_t *out) { XS_IN_CTX(s, NULL, xs_time_page_loop(s, ptr, size, d, rdma, n, out)); }
 static CUresult xs_time_access(xs_syms *s, CUdeviceptr ptr, size_t size, CUdevice d, int n, uint64_t *out) { XS_IN_CTX(s, NULL, xs_time_access_loop(s, ptr, size, d, n, out)); }
@@ -100,7 +100,6 @@ import "C"
 import (
 	"fmt"
 	"time"
-	"unsafe"
 
 	"github.com/xseg-dev/xseg/vmm"
 )
@@ -113,7 +112,7 @@ import (
 // bytes, made from C.
 func (d *Driver) rawReserve(size uint64, n int) (reserve, free time.Duration, err error) {
 	var out [2]C.uint64_t
-	if err := result(C.xs_time_reserve(d.sym.p, C.size_t(size), C.int(n), &out[0])); err != nil {
+	if err := result(C.xs_time_reserve(d.symtab().p, C.size_t(size), C.int(n), &out[0])); err != nil {
 		return 0, 0, fmt.Errorf("timing cuMemAddressReserve from C: %w", err)
 	}
 	return time.Duration(out[0]), time.Duration(out[1]), nil
@@ -133,7 +132,7 @@ func (d *Driver) rawPage(dev vmm.Device, ptr vmm.DevicePtr, size uint64, n int) 
 	if s.rdma {
 		rdma = 1
 	}
-	if err := result(C.xs_time_page(d.sym.p, C.CUdeviceptr(ptr), C.size_t(size), s.cu, rdma, C.int(n), &out[0])); err != nil {
+	if err := result(C.xs_time_page(d.symtab().p, C.CUdeviceptr(ptr), C.size_t(size), C.CUdevice(s.cu), rdma, C.int(n), &out[0])); err != nil {
 		return res, fmt.Errorf("timing a page cycle from C: %w", err)
 	}
 	for i := range out {
@@ -150,7 +149,7 @@ func (d *Driver) rawAccess(dev vmm.Device, ptr vmm.DevicePtr, size uint64, n int
 		return 0, err
 	}
 	var out [1]C.uint64_t
-	if err := result(C.xs_time_access(d.sym.p, C.CUdeviceptr(ptr), C.size_t(size), s.cu, C.int(n), &out[0])); err != nil {
+	if err := result(C.xs_time_access(d.symtab().p, C.CUdeviceptr(ptr), C.size_t(size), C.CUdevice(s.cu), C.int(n), &out[0])); err != nil {
 		return 0, fmt.Errorf("timing cuMemSetAccess from C: %w", err)
 	}
 	return time.Duration(out[0]), nil
@@ -164,7 +163,7 @@ func (d *Driver) rawEventQuery(dev vmm.Device, e vmm.Event, n int) (time.Duratio
 		return 0, err
 	}
 	var out [1]C.uint64_t
-	if err := result(C.xs_time_query(d.sym.p, s.ctx, C.uintptr_t(e), C.int(n), &out[0])); err != nil {
+	if err := result(C.xs_time_query(d.symtab().p, C.xs_ctx(s.ctx), C.uintptr_t(e), C.int(n), &out[0])); err != nil {
 		return 0, fmt.Errorf("timing cuEventQuery from C: %w", err)
 	}
 	return time.Duration(out[0]), nil
@@ -174,14 +173,19 @@ func (d *Driver) rawEventQuery(dev vmm.Device, e vmm.Event, n int) (time.Duratio
 // and in all (context handling included) so far; zero unless built with
 // -tags xsegtiming. It reads the symbol table without a cgo crossing.
 func (d *Driver) timed() (calls, trampolines time.Duration) {
-	return time.Duration(d.sym.p.timed_calls), time.Duration(d.sym.p.timed_trampolines)
+	p := d.symtab().p
+	return time.Duration(p.timed_calls), time.Duration(p.timed_trampolines)
 }
+
+// symtab returns the symbol table of libcuda that d calls through; d must
+// have been made by Open.
+func (d *Driver) symtab() symtab { return d.sym.(symtab) }
 
 // currentContext returns the calling thread's current context and whether
 // it is dev's primary context as retained by d. Tests use it, on a locked
 // thread, to check that calls leave the thread as they found it.
 func (d *Driver) currentContext(dev vmm.Device) (uintptr, bool, error) {
-	c, err := d.sym.ctxGetCurrent()
+	c, err := d.symtab().ctxGetCurrent()
 	if err != nil {
 		return 0, false, err
 	}
@@ -189,18 +193,18 @@ func (d *Driver) currentContext(dev vmm.Device) (uintptr, bool, error) {
 	if err != nil {
 		return 0, false, err
 	}
-	return uintptr(unsafe.Pointer(c)), c == s.ctx, nil
+	return uintptr(c), c == s.ctx, nil
 }
 
 // setCurrentContext makes dev's primary context (or none, if dev < 0)
 // current on the calling thread, which the caller keeps locked.
 func (d *Driver) setCurrentContext(dev vmm.Device) error {
 	if dev < 0 {
-		return d.sym.ctxSetCurrent(nil)
+		return d.symtab().ctxSetCurrent(0)
 	}
 	s, err := d.device(dev)
 	if err != nil {
 		return err
 	}
-	return d.sym.ctxSetCurrent(s.ctx)
+	return d.symtab().ctxSetCurrent(s.ctx)
 }

@@ -22,6 +22,11 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct { unsigned char bytes[16]; } CUuuid;
 
+// xs_ctx is a CUcontext as Go holds it (cuContext, a uintptr): the
+// trampolines take contexts as xs_ctx, so that Go passes no pointer.
+typedef uintptr_t xs_ctx;
+_Static_assert(sizeof(xs_ctx) == sizeof(CUcontext), "xs_ctx holds a CUcontext");
+
 enum {
 	CUDA_SUCCESS = 0,
 	CUDA_ERROR_NOT_READY = 600,
@@ -210,11 +215,11 @@ static inline uint64_t xs_clock(void) {
 #endif
 
 // XS_IN_CTX runs call with a context fit for it current (see xs_enter) and
-// returns its result. One cgo crossing runs all of it on one OS thread.
+// returns its result. want is a CUcontext or an xs_ctx. One cgo crossing runs all of it on one OS thread.
 #define XS_IN_CTX(s, want, call) do { \
 	XS_STAMP(t0_); \
 	int pushed_; \
-	CUresult r_ = xs_enter((s), (want), &pushed_); \
+	CUresult r_ = xs_enter((s), (CUcontext)(want), &pushed_); \
 	if (r_ == CUDA_SUCCESS) { \
 		XS_STAMP(t1_); \
 		r_ = (call); \

@@ -1,11 +1,4 @@
-//go:build cgo && linux
-
 package cuda
-
-/*
-#include "xseg_cuda.h"
-*/
-import "C"
 
 import (
 	"fmt"
@@ -31,9 +24,9 @@ func (d *Driver) inAlloc(s span) bool {
 // device allowed to touch every span (the device of the page mapped at the
 // first span first). Touching memory that is not mapped or not accessible
 // would fault the context for good, so it is refused with vmm.ErrInvalid
-// before the driver sees it. A nil context (any) serves spans that all lie
+// before the driver sees it. Context 0 (any) serves spans that all lie
 // in plain allocations.
-func (d *Driver) workCtx(what string, spans ...span) (C.CUcontext, error) {
+func (d *Driver) workCtx(what string, spans ...span) (cuContext, error) {
 	var cands []vmm.Device
 	for _, s := range spans {
 		if d.inAlloc(s) {
@@ -41,7 +34,7 @@ func (d *Driver) workCtx(what string, spans ...span) (C.CUcontext, error) {
 		}
 		m, ok := d.books.Lookup(s.ptr)
 		if !ok {
-			return nil, fmt.Errorf("%s: address %v is neither mapped nor allocated here: %w", what, s.ptr, vmm.ErrInvalid)
+			return 0, fmt.Errorf("%s: address %v is neither mapped nor allocated here: %w", what, s.ptr, vmm.ErrInvalid)
 		}
 		cands = append(cands, m.Device)
 		for _, a := range m.Access {
@@ -49,7 +42,7 @@ func (d *Driver) workCtx(what string, spans ...span) (C.CUcontext, error) {
 		}
 	}
 	if len(cands) == 0 {
-		return nil, nil
+		return 0, nil
 	}
 	var first error
 	for _, dev := range cands {
@@ -57,7 +50,7 @@ func (d *Driver) workCtx(what string, spans ...span) (C.CUcontext, error) {
 		if err == nil {
 			s, err := d.device(dev)
 			if err != nil {
-				return nil, err
+				return 0, err
 			}
 			return s.ctx, nil
 		}
@@ -65,7 +58,7 @@ func (d *Driver) workCtx(what string, spans ...span) (C.CUcontext, error) {
 			first = err
 		}
 	}
-	return nil, fmt.Errorf("%s: %w", what, first)
+	return 0, fmt.Errorf("%s: %w", what, first)
 }
 
 // allowed reports whether dev may touch every span.

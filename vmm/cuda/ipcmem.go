@@ -1,64 +1,11 @@
-//go:build cgo && linux
-
 package cuda
-
-/*
-#include "xseg_cuda.h"
-
-typedef CUipcMemHandle xs_ipc_handle; // 64 opaque bytes
-
-enum { CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1 }; // CUipcMem_flags
-
-// Go pointers passed to these are used during the call only.
-#cgo noescape xs_ipcGetMemHandle
-#cgo noescape xs_ipcOpenMemHandle
-#cgo noescape xs_memGetAddressRange
-
-// Trampolines of CUDA's legacy IPC; each runs in context c (NULL: any
-// context), see XS_IN_CTX.
-static CUresult xs_ipcGetMemHandle(xs_syms *s, CUcontext c, xs_ipc_handle *h, CUdeviceptr p) { XS_IN_CTX(s, c, s->cuIpcGetMemHandle(h, p)); }
-static CUresult xs_ipcOpenMemHandle(xs_syms *s, CUcontext c, CUdeviceptr *p, const xs_ipc_handle *h) { XS_IN_CTX(s, c, s->cuIpcOpenMemHandle(p, *h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)); }
-static CUresult xs_ipcCloseMemHandle(xs_syms *s, CUcontext c, CUdeviceptr p) { XS_IN_CTX(s, c, s->cuIpcCloseMemHandle(p)); }
-static CUresult xs_memGetAddressRange(xs_syms *s, CUcontext c, CUdeviceptr *base, size_t *size, CUdeviceptr p) { XS_IN_CTX(s, c, s->cuMemGetAddressRange(base, size, p)); }
-*/
-import "C"
 
 import (
 	"errors"
 	"fmt"
-	"unsafe"
 
 	"github.com/xseg-dev/xseg/vmm"
 )
-
-// CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
-func (t symtab) ipcGetMemHandle(c C.CUcontext, p vmm.DevicePtr) (vmm.IPCMemHandle, error) {
-	var h C.xs_ipc_handle
-	err := result(C.xs_ipcGetMemHandle(t.p, c, &h, C.CUdeviceptr(p)))
-	return *(*vmm.IPCMemHandle)(unsafe.Pointer(&h)), err
-}
-
-// CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
-// with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS.
-func (t symtab) ipcOpenMemHandle(c C.CUcontext, h vmm.IPCMemHandle) (vmm.DevicePtr, error) {
-	var p C.CUdeviceptr
-	ch := *(*C.xs_ipc_handle)(unsafe.Pointer(&h))
-	err := result(C.xs_ipcOpenMemHandle(t.p, c, &p, &ch))
-	return vmm.DevicePtr(p), err
-}
-
-// CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
-func (t symtab) ipcCloseMemHandle(c C.CUcontext, p vmm.DevicePtr) error {
-	return result(C.xs_ipcCloseMemHandle(t.p, c, C.CUdeviceptr(p)))
-}
-
-// CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
-func (t symtab) memGetAddressRange(c C.CUcontext, p vmm.DevicePtr) (vmm.DevicePtr, uint64, error) {
-	var base C.CUdeviceptr
-	var size C.size_t
-	err := result(C.xs_memGetAddressRange(t.p, c, &base, &size, C.CUdeviceptr(p)))
-	return vmm.DevicePtr(base), uint64(size), err
-}
 
 // ExportAllocIPC returns the legacy IPC handle (cuIpcGetMemHandle) of the
 // plain allocation that starts at ptr, which MemAlloc returned (else
@@ -72,7 +19,7 @@ func (d *Driver) ExportAllocIPC(ptr vmm.DevicePtr) (vmm.IPCMemHandle, error) {
 	if _, err := d.books.Alloc("exporting the allocation at", ptr); err != nil {
 		return vmm.IPCMemHandle{}, err
 	}
-	h, err := d.sym.ipcGetMemHandle(nil, ptr)
+	h, err := d.sym.ipcGetMemHandle(0, ptr)
 	if err != nil {
 		return vmm.IPCMemHandle{}, fmt.Errorf("cuIpcGetMemHandle of the allocation at %v: %w", ptr, err)
 	}
@@ -127,7 +74,7 @@ func (d *Driver) CloseAllocIPC(ptr vmm.DevicePtr) error {
 	if err != nil {
 		return err
 	}
-	if err := d.sym.ipcCloseMemHandle(nil, ptr); err != nil {
+	if err := d.sym.ipcCloseMemHandle(0, ptr); err != nil {
 		d.books.UndoCloseIPC(ptr, size)
 		return fmt.Errorf("cuIpcCloseMemHandle %v: %w", ptr, err)
 	}

@@ -1,11 +1,4 @@
-//go:build cgo && linux
-
 package cuda
-
-/*
-#include "xseg_cuda.h"
-*/
-import "C"
 
 import (
 	"errors"
@@ -22,8 +15,12 @@ var _ vmm.Driver = (*Driver)(nil)
 // Driver is the vmm.Driver of the CUDA driver API. It is safe for concurrent
 // use by multiple goroutines, and by threads that entered Go through cgo
 // with a CUDA context of their own current.
+//
+// Only Open makes a working Driver. The methods of one it did not make
+// (the zero value; every Driver of a build without cgo or off Linux) fail
+// with an error matching vmm.ErrNotSupported.
 type Driver struct {
-	sym     symtab // resolved once by Open; C memory, never freed (see Close)
+	sym     symbols // resolved once by Open; nil in a Driver not made by Open
 	books   *ledger.Ledger
 	count   int
 	version int
@@ -47,8 +44,8 @@ type Driver struct {
 // device is the state of one device in use by a Driver.
 type device struct {
 	ord     vmm.Device
-	cu      C.CUdevice
-	ctx     C.CUcontext // primary context, retained by this Driver
+	cu      cuDevice
+	ctx     cuContext // primary context, retained by this Driver
 	total   uint64
 	vmm     bool
 	posixFD bool
@@ -58,27 +55,12 @@ type device struct {
 
 var errClosed = fmt.Errorf("vmm/cuda: driver is closed: %w", vmm.ErrClosed)
 
-// Open loads the CUDA driver (libcuda.so.1) if this process has not yet,
-// initialises it (cuInit(0), once per process), resolves the entry points
-// and retains the primary context of device 0. Other devices' primary
-// contexts are retained when first used, so that a process using one GPU of
-// eight does not create a context on all of them.
-//
-// Without a driver, or without a device, the error matches
-// vmm.ErrNotSupported and says why (dlopen's reason, the cuInit code).
-func Open() (*Driver, error) {
-	lib, err := loadCUDA()
-	if err != nil {
-		return nil, err
-	}
-	if lib.initErr != nil {
-		return nil, lib.initErr
-	}
-	p, err := lib.resolve()
-	if err != nil {
-		return nil, err
-	}
-	d := &Driver{sym: symtab{p}, version: lib.version}
+// open makes the Driver of a resolved symbol table: it counts the devices,
+// retains the primary context of device 0 (the fallback context of calls
+// that may run in any) and reads its granularity for the books. See Open.
+func open(sym symbols, version int) (*Driver, error) {
+	d := &Driver{sym: sym, version: version}
+	var err error
 	if d.count, err = d.sym.deviceGetCount(); err != nil {
 		return nil, fmt.Errorf("cuDeviceGetCount: %w", err)
 	}
@@ -90,10 +72,10 @@ func Open() (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.sym.p.fallback = dev0.ctx
+	d.sym.setFallback(dev0.ctx)
 	gran := uint64(2 << 20)
 	if dev0.vmm {
-		if gran, err = d.sym.granularity(nil, dev0.cu, false); err != nil {
+		if gran, err = d.sym.granularity(0, dev0.cu, false); err != nil {
 			_ = d.Close()
 			return nil, fmt.Errorf("cuMemGetAllocationGranularity of device 0: %w", err)
 		}
@@ -145,13 +127,13 @@ func (d *Driver) probe(dev vmm.Device) (*device, error) {
 		return nil, fmt.Errorf("cuDeviceTotalMem(%d): %w", dev, err)
 	}
 	attrs := []struct {
-		attr C.int
+		attr int
 		dst  *bool
 	}{
-		{C.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, &s.vmm},
-		{C.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, &s.posixFD},
-		{C.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, &s.fabric},
-		{C.CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, &s.rdma},
+		{attrVMM, &s.vmm},
+		{attrPosixFD, &s.posixFD},
+		{attrFabric, &s.fabric},
+		{attrRDMAWithVMM, &s.rdma},
 	}
 	for _, a := range attrs {
 		v, err := d.sym.deviceGetAttribute(a.attr, cu)
@@ -183,10 +165,14 @@ func (d *Driver) fabricWorks(s *device) bool {
 	return true
 }
 
-// live reports errClosed once the driver is closed.
+// live reports errClosed once the driver is closed, and errUnopened for a
+// Driver that Open did not make.
 func (d *Driver) live() error {
 	if d.closed.Load() {
 		return errClosed
+	}
+	if d.sym == nil {
+		return errUnopened
 	}
 	return nil
 }
@@ -257,13 +243,19 @@ func (d *Driver) MemInfo(dev vmm.Device) (free, total uint64, err error) {
 
 // Usage reports what this driver has outstanding (see vmm.Usage). Imported
 // pages count with an upper bound of their size (see ImportFD).
-func (d *Driver) Usage() vmm.Usage { return d.books.Usage() }
+func (d *Driver) Usage() vmm.Usage {
+	if d.books == nil {
+		return vmm.Usage{}
+	}
+	return d.books.Usage()
+}
 
 // Close releases the primary contexts this driver retained. It does not
 // free what the caller still holds (Usage says what). Later calls fail with
 // vmm.ErrClosed; Close is idempotent. Close must not race with calls still
-// in flight on the same Driver. The symbol table, a few hundred bytes of C
-// memory, is not freed, so that a call racing Close anyway cannot crash.
+// in flight on the same Driver. The symbol table of libcuda, a few hundred
+// bytes of C memory, is not freed, so that a call racing Close anyway
+// cannot crash.
 func (d *Driver) Close() error {
 	if d.closed.Swap(true) {
 		return nil

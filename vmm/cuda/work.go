@@ -1,11 +1,4 @@
-//go:build cgo && linux
-
 package cuda
-
-/*
-#include "xseg_cuda.h"
-*/
-import "C"
 
 import (
 	"fmt"
@@ -49,13 +42,13 @@ func (d *Driver) StreamDestroy(st vmm.Stream) error {
 }
 
 // streamCtx is the context for work on st: its device's for a stream made
-// here (ours), and nil for stream 0 and for streams made elsewhere
+// here (ours), and 0 (any) for stream 0 and for streams made elsewhere
 // (PyTorch's), which then run in the calling thread's context, else device
 // 0's. A stream this Driver destroyed is refused (vmm.ErrInvalid): the
 // driver must never see a dead handle.
-func (d *Driver) streamCtx(st vmm.Stream) (c C.CUcontext, dev vmm.Device, ours bool, err error) {
+func (d *Driver) streamCtx(st vmm.Stream) (c cuContext, dev vmm.Device, ours bool, err error) {
 	if st == 0 {
-		return nil, 0, false, nil
+		return 0, 0, false, nil
 	}
 	if dev, err := d.books.StreamDevice(st); err == nil {
 		return d.devs[dev].Load().ctx, dev, true, nil
@@ -64,9 +57,9 @@ func (d *Driver) streamCtx(st vmm.Stream) (c C.CUcontext, dev vmm.Device, ours b
 	_, dead := d.dead.streams[st]
 	d.dead.Unlock()
 	if dead {
-		return nil, 0, false, fmt.Errorf("stream %#x was destroyed: %w", uintptr(st), vmm.ErrInvalid)
+		return 0, 0, false, fmt.Errorf("stream %#x was destroyed: %w", uintptr(st), vmm.ErrInvalid)
 	}
-	return nil, 0, false, nil
+	return 0, 0, false, nil
 }
 
 // buried records that st was destroyed, or (alive) that its address is a
@@ -136,10 +129,10 @@ func (d *Driver) EventCreate(dev vmm.Device) (vmm.Event, error) {
 }
 
 // eventCtx returns the context of a live event.
-func (d *Driver) eventCtx(e vmm.Event) (C.CUcontext, vmm.Device, error) {
+func (d *Driver) eventCtx(e vmm.Event) (cuContext, vmm.Device, error) {
 	dev, err := d.books.EventDevice(e)
 	if err != nil {
-		return nil, 0, err
+		return 0, 0, err
 	}
 	return d.devs[dev].Load().ctx, dev, nil
 }
@@ -249,7 +242,7 @@ func (d *Driver) MemFree(p vmm.DevicePtr) error {
 	if err != nil {
 		return err
 	}
-	if err := d.sym.memFree(nil, p); err != nil {
+	if err := d.sym.memFree(0, p); err != nil {
 		d.books.AddAlloc(p, size)
 		return fmt.Errorf("cuMemFree %v: %w", p, err)
 	}

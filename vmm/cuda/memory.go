@@ -1,11 +1,8 @@
-//go:build cgo && linux
-
 package cuda
 
 import (
 	"errors"
 	"fmt"
-	"syscall"
 
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/internal/ledger"
@@ -35,7 +32,7 @@ func (d *Driver) Reserve(size, align uint64) (vmm.DevicePtr, error) {
 	if s := d.devs[0].Load(); s != nil && !s.vmm {
 		return 0, fmt.Errorf("reserving %d bytes: device 0 has no virtual memory management: %w", size, vmm.ErrNotSupported)
 	}
-	ptr, err := d.sym.memAddressReserve(nil, size, align)
+	ptr, err := d.sym.memAddressReserve(0, size, align)
 	if err != nil {
 		return 0, fmt.Errorf("cuMemAddressReserve of %d bytes aligned to %d: %w", size, align, err)
 	}
@@ -52,7 +49,7 @@ func (d *Driver) Unreserve(ptr vmm.DevicePtr, size uint64) error {
 	if err := d.books.BeginUnreserve(ptr, size); err != nil {
 		return err
 	}
-	if err := d.sym.memAddressFree(nil, ptr, size); err != nil {
+	if err := d.sym.memAddressFree(0, ptr, size); err != nil {
 		d.books.UndoUnreserve(ptr, size)
 		return fmt.Errorf("cuMemAddressFree %v+%d: %w", ptr, size, err)
 	}
@@ -76,7 +73,7 @@ func (d *Driver) Create(dev vmm.Device, size uint64, types vmm.HandleType) (vmm.
 	if err := s.canCreate(size, types); err != nil {
 		return 0, err
 	}
-	h, err := d.sym.memCreate(nil, size, s.cu, types, s.rdma)
+	h, err := d.sym.memCreate(0, size, s.cu, types, s.rdma)
 	if err != nil {
 		return 0, fmt.Errorf("cuMemCreate of %d bytes on device %d (%v): %w", size, dev, types, err)
 	}
@@ -111,7 +108,7 @@ func (d *Driver) Release(h vmm.Handle) error {
 	if err != nil {
 		return err
 	}
-	if err := d.sym.memRelease(nil, h); err != nil {
+	if err := d.sym.memRelease(0, h); err != nil {
 		d.books.UndoRelease(p)
 		return fmt.Errorf("cuMemRelease %#x: %w", uint64(h), err)
 	}
@@ -130,7 +127,7 @@ func (d *Driver) Map(ptr vmm.DevicePtr, size uint64, h vmm.Handle, offset uint64
 	if err != nil {
 		return err
 	}
-	if err := d.sym.memMap(nil, ptr, size, offset, h); err != nil {
+	if err := d.sym.memMap(0, ptr, size, offset, h); err != nil {
 		d.books.UndoMap(m)
 		hint := ""
 		if errors.Is(err, vmm.ErrNotSupported) {
@@ -154,7 +151,7 @@ func (d *Driver) Unmap(ptr vmm.DevicePtr, size uint64) error {
 		return err
 	}
 	for i, m := range ms {
-		if err := d.sym.memUnmap(nil, m.Ptr, m.Size); err != nil {
+		if err := d.sym.memUnmap(0, m.Ptr, m.Size); err != nil {
 			d.books.UndoUnmap(ms[i:])
 			return fmt.Errorf("cuMemUnmap %v+%d (mapping %d of %d in %v+%d; %d unmapped, %d still mapped): %w",
 				m.Ptr, m.Size, i+1, len(ms), ptr, size, i, len(ms)-i, err)
@@ -179,7 +176,7 @@ func (d *Driver) SetAccess(ptr vmm.DevicePtr, size uint64, access []vmm.AccessDe
 	if err != nil {
 		return err
 	}
-	if err := d.sym.memSetAccess(nil, ptr, size, access); err != nil {
+	if err := d.sym.memSetAccess(0, ptr, size, access); err != nil {
 		d.books.RestoreAccess(undo)
 		return fmt.Errorf("cuMemSetAccess %v+%d for %v: %w", ptr, size, access, err)
 	}
@@ -199,11 +196,10 @@ func (d *Driver) ExportFD(h vmm.Handle) (int, error) {
 	if p.Types&vmm.HandlePosixFD == 0 {
 		return -1, fmt.Errorf("exporting page %#x as an fd: created as %v: %w", uint64(h), p.Types, vmm.ErrInvalid)
 	}
-	fd, err := d.sym.memExportFD(nil, h)
+	fd, err := d.sym.memExportFD(0, h)
 	if err != nil {
 		return -1, fmt.Errorf("cuMemExportToShareableHandle(%#x, posix fd): %w", uint64(h), err)
 	}
-	syscall.CloseOnExec(fd)
 	return fd, nil
 }
 
@@ -219,7 +215,7 @@ func (d *Driver) ImportFD(fd int) (vmm.Handle, error) {
 	if fd < 0 {
 		return 0, fmt.Errorf("importing fd %d: %w", fd, vmm.ErrInvalid)
 	}
-	h, err := d.sym.memImportFD(nil, fd)
+	h, err := d.sym.memImportFD(0, fd)
 	if err != nil {
 		return 0, fmt.Errorf("cuMemImportFromShareableHandle(fd %d): %w", fd, err)
 	}
@@ -245,7 +241,7 @@ func (d *Driver) ExportFabric(h vmm.Handle) (vmm.FabricHandle, error) {
 		}
 		return vmm.FabricHandle{}, fmt.Errorf("exporting page %#x as a fabric handle: created as %v: %w", uint64(h), p.Types, vmm.ErrInvalid)
 	}
-	fh, err := d.sym.memExportFabric(nil, h)
+	fh, err := d.sym.memExportFabric(0, h)
 	if err != nil {
 		return vmm.FabricHandle{}, fmt.Errorf("cuMemExportToShareableHandle(%#x, fabric): %w", uint64(h), err)
 	}
@@ -261,7 +257,7 @@ func (d *Driver) ImportFabric(fh vmm.FabricHandle) (vmm.Handle, error) {
 	if !d.devs[0].Load().fabric {
 		return 0, fmt.Errorf("importing a fabric handle: device 0 has no fabric handles: %w", vmm.ErrNotSupported)
 	}
-	h, err := d.sym.memImportFabric(nil, fh)
+	h, err := d.sym.memImportFabric(0, fh)
 	if err != nil {
 		return 0, fmt.Errorf("cuMemImportFromShareableHandle(fabric): %w", err)
 	}
@@ -281,7 +277,7 @@ func (d *Driver) recordImport(h vmm.Handle, came vmm.HandleType) error {
 		// it here could destroy the original.
 		return fmt.Errorf("importing: the driver returned handle %#x of a page that is already live here: %w", uint64(h), vmm.ErrInUse)
 	}
-	dev, types, err := d.sym.memAllocationProperties(nil, h)
+	dev, types, err := d.sym.memAllocationProperties(0, h)
 	if err == nil {
 		var s *device
 		if s, err = d.device(dev); err == nil {
@@ -292,7 +288,7 @@ func (d *Driver) recordImport(h vmm.Handle, came vmm.HandleType) error {
 	} else {
 		err = fmt.Errorf("cuMemGetAllocationPropertiesFromHandle(%#x): %w", uint64(h), err)
 	}
-	if rerr := d.sym.memRelease(nil, h); rerr != nil {
+	if rerr := d.sym.memRelease(0, h); rerr != nil {
 		return fmt.Errorf("%w (and cuMemRelease of the imported handle: %v)", err, rerr)
 	}
 	return err
