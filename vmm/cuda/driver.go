@@ -10,7 +10,11 @@ import (
 	"github.com/xseg-dev/xseg/vmm/internal/ledger"
 )
 
-var _ vmm.Driver = (*Driver)(nil)
+var (
+	_ vmm.Driver         = (*Driver)(nil)
+	_ vmm.AllocIPC       = (*Driver)(nil)
+	_ vmm.AsyncMemsetter = (*Driver)(nil)
+)
 
 // Driver is the vmm.Driver of the CUDA driver API. It is safe for concurrent
 // use by multiple goroutines, and by threads that entered Go through cgo

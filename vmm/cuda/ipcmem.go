@@ -80,12 +80,3 @@ func (d *Driver) CloseAllocIPC(ptr vmm.DevicePtr) error {
 	}
 	return nil
 }
-
-// ExportAllocFD is vmm.ErrNotSupported: CUDA shares plain allocations
-// through legacy IPC (ExportAllocIPC), not as file descriptors.
-func (d *Driver) ExportAllocFD(ptr vmm.DevicePtr) (int, uint64, error) {
-	if err := d.live(); err != nil {
-		return -1, 0, err
-	}
-	return -1, 0, fmt.Errorf("exporting the allocation at %v as an fd: CUDA shares plain allocations through legacy IPC (ExportAllocIPC): %w", ptr, vmm.ErrNotSupported)
-}

@@ -67,7 +67,11 @@ type Driver struct {
 	}
 }
 
-var _ vmm.Driver = (*Driver)(nil)
+var (
+	_ vmm.Driver         = (*Driver)(nil)
+	_ vmm.AllocFD        = (*Driver)(nil)
+	_ vmm.AsyncMemsetter = (*Driver)(nil)
+)
 
 // backing is where a page's bytes live.
 type backing struct {
