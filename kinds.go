@@ -2,6 +2,7 @@ package xseg
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/xseg-dev/xseg/vmm"
@@ -28,37 +29,18 @@ func Backends() []Backend { return []Backend{BackendAuto, BackendHost, BackendCU
 // ParseBackend reads a backend name as flags and environment variables
 // give it: "auto" (or ""), "host" or "cuda". Any other name is an error,
 // matching vmm.ErrInvalid, that lists the valid ones.
-func ParseBackend(s string) (Backend, error) {
-	b := Backend(s)
-	if err := b.check(); err != nil {
-		return "", err
-	}
-	if b == "" {
-		b = BackendAuto
-	}
-	return b, nil
-}
+func ParseBackend(s string) (Backend, error) { return parseName("backend", s, Backends()) }
 
 // MarshalText returns the name.
 func (b Backend) MarshalText() ([]byte, error) { return []byte(b), nil }
 
 // UnmarshalText reads a name as ParseBackend does, so that a Backend can
 // be a flag (flag.TextVar) or a field of a configuration file.
-func (b *Backend) UnmarshalText(text []byte) error {
-	v, err := ParseBackend(string(text))
-	if err != nil {
-		return err
-	}
-	*b = v
-	return nil
-}
+func (b *Backend) UnmarshalText(text []byte) error { return unmarshalName(b, text, ParseBackend) }
 
 func (b Backend) check() error {
-	switch b {
-	case "", BackendAuto, BackendCUDA, BackendHost:
-		return nil
-	}
-	return fmt.Errorf("xseg: unknown backend %q (want %s): %w", string(b), names(Backends()), vmm.ErrInvalid)
+	_, err := ParseBackend(string(b))
+	return err
 }
 
 // AllocatorKind names one of xseg's allocators, or how Open picks one. The
@@ -86,14 +68,7 @@ func AllocatorKinds() []AllocatorKind {
 // variables give it: "auto" (or ""), "expandable" or "fallback". Any other
 // name is an error, matching vmm.ErrInvalid, that lists the valid ones.
 func ParseAllocatorKind(s string) (AllocatorKind, error) {
-	k := AllocatorKind(s)
-	if err := k.check(); err != nil {
-		return "", err
-	}
-	if k == "" {
-		k = AllocatorAuto
-	}
-	return k, nil
+	return parseName("allocator", s, AllocatorKinds())
 }
 
 // MarshalText returns the name.
@@ -103,27 +78,37 @@ func (k AllocatorKind) MarshalText() ([]byte, error) { return []byte(k), nil }
 // AllocatorKind can be a flag (flag.TextVar) or a field of a
 // configuration file.
 func (k *AllocatorKind) UnmarshalText(text []byte) error {
-	v, err := ParseAllocatorKind(string(text))
-	if err != nil {
-		return err
-	}
-	*k = v
-	return nil
+	return unmarshalName(k, text, ParseAllocatorKind)
 }
 
 func (k AllocatorKind) check() error {
-	switch k {
-	case "", AllocatorAuto, AllocatorExpandable, AllocatorFallback:
-		return nil
-	}
-	return fmt.Errorf("xseg: unknown allocator %q (want %s): %w", string(k), names(AllocatorKinds()), vmm.ErrInvalid)
+	_, err := ParseAllocatorKind(string(k))
+	return err
 }
 
-// names lists values as "a, b or c".
-func names[T ~string](values []T) string {
-	s := make([]string, len(values))
-	for i, v := range values {
-		s[i] = string(v)
+// parseName returns s as one of valid, the first (auto) for "", or an
+// error that names what s should be and lists valid.
+func parseName[T ~string](what, s string, valid []T) (T, error) {
+	if s == "" {
+		return valid[0], nil
 	}
-	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
+	if slices.Contains(valid, T(s)) {
+		return T(s), nil
+	}
+	names := make([]string, len(valid))
+	for i, v := range valid {
+		names[i] = string(v)
+	}
+	list := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+	return "", fmt.Errorf("xseg: unknown %s %q (want %s): %w", what, s, list, vmm.ErrInvalid)
+}
+
+// unmarshalName sets *p to parse(text), or leaves it and fails.
+func unmarshalName[T ~string](p *T, text []byte, parse func(string) (T, error)) error {
+	v, err := parse(string(text))
+	if err != nil {
+		return err
+	}
+	*p = v
+	return nil
 }
