@@ -1,16 +1,17 @@
 package xseg
 
 import (
-	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
-// Stats are an allocator's statistics (see core.Stats for the meanings,
-// which are PyTorch's).
-type Stats = core.Stats
+// Stats are an allocator's statistics, with PyTorch's meanings (see
+// spec.Stats).
+type Stats = spec.Stats
 
-// Snapshot is an allocator's segments, mapped ranges and blocks.
-type Snapshot = core.Snapshot
+// Snapshot is an allocator's segments, mapped ranges and blocks (see
+// spec.Snapshot).
+type Snapshot = spec.Snapshot
 
 // Allocator hands out device memory in blocks. Both xseg allocators
 // (expandable and fallback) implement it. Implementations are safe for

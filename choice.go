@@ -10,27 +10,25 @@ import (
 
 // Choice is the allocator Open makes for a device, and why.
 type Choice struct {
-	// Allocator is "expandable" or "fallback".
-	Allocator string `json:"allocator"`
+	// Allocator is AllocatorExpandable or AllocatorFallback.
+	Allocator AllocatorKind `json:"allocator"`
 	// Reason says why, in a sentence fragment for people.
 	Reason string `json:"reason"`
 }
 
 // ChooseAllocator says which allocator Open makes on device dev of d when
-// Options.Allocator is name. "auto" (or "") picks expandable where the
-// device supports virtual memory management (vmm.DeviceInfo.VMM) and
-// fallback where it does not; "expandable" and "fallback" force one.
-// Forcing expandable on a device without VMM fails with an error matching
-// vmm.ErrNotSupported, an unknown name with vmm.ErrInvalid. It is safe for
-// concurrent use if d is.
-func ChooseAllocator(d vmm.Driver, dev vmm.Device, name string) (Choice, error) {
-	switch name {
-	case "", "auto", "expandable", "fallback":
-	default:
-		return Choice{}, fmt.Errorf("xseg: unknown allocator %q (want auto, expandable or fallback): %w", name, vmm.ErrInvalid)
+// Options.Allocator is kind. AllocatorAuto (or "") picks expandable where
+// the device supports virtual memory management (vmm.DeviceInfo.VMM) and
+// fallback where it does not; AllocatorExpandable and AllocatorFallback
+// force one. Forcing expandable on a device without VMM fails with an
+// error matching vmm.ErrNotSupported, an unknown kind with vmm.ErrInvalid.
+// It is safe for concurrent use if d is.
+func ChooseAllocator(d vmm.Driver, dev vmm.Device, kind AllocatorKind) (Choice, error) {
+	if err := kind.check(); err != nil {
+		return Choice{}, err
 	}
-	if name == "fallback" {
-		return Choice{"fallback", "asked for (it needs only plain allocations, which every device has)"}, nil
+	if kind == AllocatorFallback {
+		return Choice{AllocatorFallback, "asked for (it needs only plain allocations, which every device has)"}, nil
 	}
 	info, err := d.DeviceInfo(dev)
 	if err != nil {
@@ -38,27 +36,26 @@ func ChooseAllocator(d vmm.Driver, dev vmm.Device, name string) (Choice, error) 
 	}
 	what := fmt.Sprintf("device %d (%s) of the %s backend", dev, info.Name, d.Backend())
 	switch {
-	case name == "expandable" && !info.VMM:
+	case kind == AllocatorExpandable && !info.VMM:
 		return Choice{}, fmt.Errorf("xseg: the expandable allocator was asked for, but %s has no virtual memory management: %w", what, vmm.ErrNotSupported)
-	case name == "expandable":
-		return Choice{"expandable", "asked for; " + what + " supports virtual memory management"}, nil
+	case kind == AllocatorExpandable:
+		return Choice{AllocatorExpandable, "asked for; " + what + " supports virtual memory management"}, nil
 	case info.VMM:
-		return Choice{"expandable", "auto: " + what + " supports virtual memory management"}, nil
+		return Choice{AllocatorExpandable, "auto: " + what + " supports virtual memory management"}, nil
 	}
-	return Choice{"fallback", "auto: " + what + " has no virtual memory management, so segments are plain allocations"}, nil
+	return Choice{AllocatorFallback, "auto: " + what + " has no virtual memory management, so segments are plain allocations"}, nil
 }
 
-// Kind names the xseg allocator a is: "expandable", "fallback", or ""
-// for an Allocator of another package.
-func Kind(a Allocator) string {
-	if o, ok := a.(*owning); ok {
-		a = o.Allocator
-	}
-	switch a.(type) {
+// Kind names the xseg allocator a is: AllocatorExpandable,
+// AllocatorFallback, or "" for an Allocator of another package.
+func Kind(a Allocator) AllocatorKind {
+	switch a := a.(type) {
+	case *DeviceAllocator:
+		return a.Kind()
 	case *expandable.Allocator:
-		return "expandable"
+		return AllocatorExpandable
 	case *fallback.Allocator:
-		return "fallback"
+		return AllocatorFallback
 	}
 	return ""
 }

@@ -25,7 +25,7 @@ type PeerAccessor interface {
 type Devices struct {
 	d      vmm.Driver
 	owned  bool // Close closes d
-	allocs []Allocator
+	allocs []*DeviceAllocator
 }
 
 // OpenDevices makes an allocator for every device of the driver, each as
@@ -73,47 +73,42 @@ func (ds *Devices) Count() int { return len(ds.allocs) }
 
 // For returns the allocator of device dev, nil for a device the driver
 // does not have.
-func (ds *Devices) For(dev vmm.Device) Allocator {
+func (ds *Devices) For(dev vmm.Device) *DeviceAllocator {
 	if dev < 0 || int(dev) >= len(ds.allocs) {
 		return nil
 	}
 	return ds.allocs[dev]
 }
 
-// peers returns owner's allocator as a PeerAccessor.
-func (ds *Devices) peers(owner, peer vmm.Device) (PeerAccessor, error) {
-	a := ds.For(owner)
-	if a == nil {
-		return nil, fmt.Errorf("xseg: peer access of device %d to device %d: no device %d (there are %d): %w", peer, owner, owner, len(ds.allocs), vmm.ErrInvalid)
+// peers returns owner's allocator, after checking both devices.
+func (ds *Devices) peers(owner, peer vmm.Device) (*DeviceAllocator, error) {
+	for _, dev := range []vmm.Device{owner, peer} {
+		if ds.For(dev) == nil {
+			return nil, fmt.Errorf("xseg: peer access of device %d to device %d: no device %d (there are %d): %w", peer, owner, dev, len(ds.allocs), vmm.ErrInvalid)
+		}
 	}
-	if ds.For(peer) == nil {
-		return nil, fmt.Errorf("xseg: peer access of device %d to device %d: no device %d (there are %d): %w", peer, owner, peer, len(ds.allocs), vmm.ErrInvalid)
-	}
-	p, ok := a.(PeerAccessor)
-	if !ok {
-		return nil, fmt.Errorf("xseg: peer access of device %d to device %d: its allocator (%T) cannot grant it: %w", peer, owner, a, vmm.ErrNotSupported)
-	}
-	return p, nil
+	return ds.For(owner), nil
 }
 
 // EnablePeerAccess grants device peer read-write access to all memory of
 // owner's allocator, mapped now or later (see PeerAccessor). It is
 // one-way: call it again with the devices swapped for the other direction.
+// A fallback allocator cannot grant it (vmm.ErrNotSupported).
 func (ds *Devices) EnablePeerAccess(owner, peer vmm.Device) error {
-	p, err := ds.peers(owner, peer)
+	a, err := ds.peers(owner, peer)
 	if err != nil {
 		return err
 	}
-	return p.EnablePeerAccess(peer)
+	return a.EnablePeerAccess(peer)
 }
 
 // DisablePeerAccess revokes what EnablePeerAccess(owner, peer) granted.
 func (ds *Devices) DisablePeerAccess(owner, peer vmm.Device) error {
-	p, err := ds.peers(owner, peer)
+	a, err := ds.peers(owner, peer)
 	if err != nil {
 		return err
 	}
-	return p.DisablePeerAccess(peer)
+	return a.DisablePeerAccess(peer)
 }
 
 // Copy copies n bytes from src to dst, blocks of any of the devices, and

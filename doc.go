@@ -10,9 +10,14 @@
 // and above a release threshold). On a device without virtual memory
 // management it picks package fallback instead: the same block core over
 // plain allocations. [ChooseAllocator] says which and why; Options force
-// either. Every allocator implements [Allocator] and is safe for concurrent
-// use. [OpenDevices] holds one allocator per device of a driver and grants
-// peer access between them.
+// either ([Backend], [AllocatorKind]). Every allocator implements
+// [Allocator] and is safe for concurrent use. Open returns a
+// [DeviceAllocator], one type whatever it picked, with every capability:
+// sharing blocks with other processes (an ipc.BlockSource), peer access,
+// private pools for CUDA graphs, a memory limit and an allocation history;
+// what the allocator underneath cannot do fails with vmm.ErrNotSupported.
+// [OpenDevices] holds one allocator per device of a driver and grants peer
+// access between them.
 //
 //	a, err := xseg.Open(xseg.Options{})
 //	if err != nil { ... }
@@ -21,7 +26,8 @@
 //	...
 //	err = a.Free(p)
 //
-// Configuration comes from [Options.Config] or, when it is nil, from the
+// Configuration ([Config], defined with [Stats] and [Snapshot] in package
+// spec) comes from [Options.Config] or, when it is nil, from the
 // environment: XSEG_CONF ("large_page_mb:20,release_threshold_mb:512,
 // oom_max_retries:3,oom_delay_ms:200,oom_wait_ms:1000", see [ParseConfig])
 // over the seed allocator's OOM_MAX_RETRIES, OOM_DELAY_MS, OOM_SIZE_FACTOR

@@ -3,9 +3,7 @@ package xseg
 import (
 	"fmt"
 
-	"github.com/xseg-dev/xseg/expandable"
-	"github.com/xseg-dev/xseg/fallback"
-	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -34,11 +32,11 @@ type MemoryLimiter interface {
 }
 
 // HistoryEvent is one event of an allocator's history (see
-// core.HistoryEvent and the Action constants there).
-type HistoryEvent = core.HistoryEvent
+// spec.HistoryEvent and the Action constants there).
+type HistoryEvent = spec.HistoryEvent
 
 // MaxHistoryEntries bounds Historian.RecordHistory's maxEntries.
-const MaxHistoryEntries = core.MaxHistoryEntries
+const MaxHistoryEntries = spec.MaxHistoryEntries
 
 // Historian keeps an allocator's recent events, as PyTorch's
 // torch.cuda.memory._record_memory_history does for memory_viz: blocks
@@ -57,36 +55,22 @@ type Historian interface {
 	History() []HistoryEvent
 }
 
-var (
-	_ MemoryLimiter = (*expandable.Allocator)(nil)
-	_ MemoryLimiter = (*fallback.Allocator)(nil)
-	_ Historian     = (*expandable.Allocator)(nil)
-	_ Historian     = (*fallback.Allocator)(nil)
-)
-
 // LimiterOf returns a's memory limit: a itself for both xseg allocators
-// (also as Open returns them), else an error matching
+// and for Open's DeviceAllocator, else an error matching
 // vmm.ErrNotSupported.
 func LimiterOf(a Allocator) (MemoryLimiter, error) {
-	if l, ok := unwrapOwning(a).(MemoryLimiter); ok {
+	if l, ok := a.(MemoryLimiter); ok {
 		return l, nil
 	}
 	return nil, fmt.Errorf("%T has no memory limit: %w", a, vmm.ErrNotSupported)
 }
 
 // HistorianOf returns a's history: a itself for both xseg allocators
-// (also as Open returns them), else an error matching
+// and for Open's DeviceAllocator, else an error matching
 // vmm.ErrNotSupported.
 func HistorianOf(a Allocator) (Historian, error) {
-	if h, ok := unwrapOwning(a).(Historian); ok {
+	if h, ok := a.(Historian); ok {
 		return h, nil
 	}
 	return nil, fmt.Errorf("%T keeps no allocation history: %w", a, vmm.ErrNotSupported)
-}
-
-func unwrapOwning(a Allocator) Allocator {
-	if o, ok := a.(*owning); ok {
-		return o.Allocator
-	}
-	return a
 }

@@ -12,28 +12,30 @@ import (
 	"github.com/xseg-dev/xseg/vmm/host"
 )
 
-// OpenDriver opens a backend: "cuda", "host", or "auto" (or ""), which
-// tries CUDA and falls back to the host backend when CUDA answers
-// vmm.ErrNotSupported (no driver, no device, a build without cgo).
+// OpenDriver opens a backend: BackendCUDA, BackendHost, or BackendAuto
+// (or ""), which tries CUDA and falls back to the host backend when CUDA
+// answers vmm.ErrNotSupported (no driver, no device, a build without cgo).
 // hostCapacity is the host backend's memory per device (0: its default).
-// The caller closes the driver.
-func OpenDriver(backend string, hostCapacity uint64) (vmm.Driver, error) {
+// An unknown backend is an error matching vmm.ErrInvalid. The caller
+// closes the driver.
+func OpenDriver(backend Backend, hostCapacity uint64) (vmm.Driver, error) {
+	if err := backend.check(); err != nil {
+		return nil, err
+	}
 	switch backend {
-	case "cuda":
+	case BackendCUDA:
 		return openCUDA()
-	case "host":
-		return openHost(hostCapacity)
-	case "", "auto":
-		d, err := openCUDA()
-		if err == nil {
-			return d, nil
-		}
-		if !errors.Is(err, vmm.ErrNotSupported) {
-			return nil, err
-		}
+	case BackendHost:
 		return openHost(hostCapacity)
 	}
-	return nil, fmt.Errorf("xseg: unknown backend %q (want auto, host or cuda): %w", backend, vmm.ErrInvalid)
+	d, err := openCUDA()
+	if err == nil {
+		return d, nil
+	}
+	if !errors.Is(err, vmm.ErrNotSupported) {
+		return nil, err
+	}
+	return openHost(hostCapacity)
 }
 
 func openCUDA() (vmm.Driver, error) {
@@ -57,7 +59,7 @@ func openHost(capacity uint64) (vmm.Driver, error) {
 // allocator ChooseAllocator picks for o.Device (auto: expandable where the
 // device supports virtual memory management, fallback where it does not).
 // The allocator closes the driver on Close if Open opened it.
-func Open(o Options) (Allocator, error) {
+func Open(o Options) (*DeviceAllocator, error) {
 	cfg, err := o.config()
 	if err != nil {
 		return nil, err
@@ -69,17 +71,11 @@ func Open(o Options) (Allocator, error) {
 		}
 		owned = true
 	}
-	a, err := newAllocator(d, o, cfg)
-	if err != nil {
-		if owned {
-			err = errors.Join(err, d.Close())
-		}
-		return nil, err
+	a, err := newAllocator(d, o, cfg, owned)
+	if err != nil && owned {
+		err = errors.Join(err, d.Close())
 	}
-	if owned {
-		return &owning{Allocator: a, d: d}, nil
-	}
-	return a, nil
+	return a, err
 }
 
 func (o Options) config() (Config, error) {
@@ -93,30 +89,19 @@ func (o Options) config() (Config, error) {
 	return cfg, nil
 }
 
-func newAllocator(d vmm.Driver, o Options, cfg Config) (Allocator, error) {
+func newAllocator(d vmm.Driver, o Options, cfg Config, owned bool) (*DeviceAllocator, error) {
 	c, err := ChooseAllocator(d, o.Device, o.Allocator)
 	if err != nil {
 		return nil, err
 	}
-	var a Allocator
-	if c.Allocator == "fallback" {
-		a, err = fallback.New(d, o.Device, cfg, o.Logger)
+	var e engine
+	if c.Allocator == AllocatorFallback {
+		e, err = fallback.New(d, o.Device, cfg, o.Logger)
 	} else {
-		a, err = expandable.New(d, o.Device, cfg, o.Logger)
+		e, err = expandable.New(d, o.Device, cfg, o.Logger)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("xseg: %w", err)
 	}
-	return a, nil
-}
-
-// owning is an allocator that closes the driver Open opened for it.
-type owning struct {
-	Allocator
-	d vmm.Driver
-}
-
-// Close closes the allocator, then the driver.
-func (o *owning) Close() error {
-	return errors.Join(o.Allocator.Close(), o.d.Close())
+	return newDeviceAllocator(e, c.Allocator, owned), nil
 }

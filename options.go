@@ -3,32 +3,30 @@ package xseg
 import (
 	"log/slog"
 
-	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
 // Config tunes an allocator: page sizes, the small-pool limit, the release
-// threshold, the page cache and the OOM policy (see core.Config for each
-// field).
-type Config = core.Config
+// threshold, the page cache, the OOM policy and sharing. It is
+// spec.Config, where its fields are documented.
+type Config = spec.Config
 
-// DefaultConfig returns the defaults: 2 MiB small pages for requests up to
-// 1 MiB, 20 MiB large pages, no release threshold, a 128 MiB page cache, no
-// OOM waits or retries, size factor 0.8.
-func DefaultConfig() Config { return core.DefaultConfig() }
+// DefaultConfig returns the defaults (see spec.DefaultConfig): 2 MiB small
+// pages for requests up to 1 MiB, 20 MiB large pages, no release
+// threshold, a 128 MiB page cache, no OOM waits or retries, size factor
+// 0.8.
+func DefaultConfig() Config { return spec.DefaultConfig() }
 
 // ParseConfig applies s, in the XSEG_CONF syntax "key:value,key:value", to
-// base. The keys are small_page_mb, large_page_mb, small_limit_kb,
-// release_threshold_mb, page_cache_mb, oom_max_retries, oom_delay_ms,
-// oom_wait_ms, oom_size_factor, oom_verbose and shareable, and the seed
-// names OOM_MAX_RETRIES, OOM_DELAY_MS, OOM_SIZE_FACTOR and OOM_VERBOSE.
-// Unknown keys and bad values are errors that name the key.
-func ParseConfig(base Config, s string) (Config, error) { return core.ParseConfig(base, s) }
+// base (see spec.ParseConfig for the keys). Unknown keys and bad values
+// are errors that name the key.
+func ParseConfig(base Config, s string) (Config, error) { return spec.ParseConfig(base, s) }
 
 // ConfigFromEnv returns the defaults changed by the environment variables
 // OOM_MAX_RETRIES, OOM_DELAY_MS, OOM_SIZE_FACTOR, OOM_VERBOSE and then
-// XSEG_CONF. getenv is usually os.Getenv.
-func ConfigFromEnv(getenv func(string) string) (Config, error) { return core.ConfigFromEnv(getenv) }
+// XSEG_CONF (see spec.ConfigFromEnv). getenv is usually os.Getenv.
+func ConfigFromEnv(getenv func(string) string) (Config, error) { return spec.ConfigFromEnv(getenv) }
 
 // Options say what Open makes. The zero value picks everything
 // automatically: CUDA device 0 if a driver and device are there, else the
@@ -36,13 +34,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) { return core.Con
 // virtual memory management, else the fallback allocator (see
 // ChooseAllocator); the configuration from the environment.
 type Options struct {
-	// Backend is "auto" (or ""), "host" or "cuda". Ignored when Driver is
-	// set.
-	Backend string
-	// Allocator is "auto" (or ""), "expandable" or "fallback"; any
-	// allocator can be forced on any backend, except expandable on a
-	// device without VMM (vmm.ErrNotSupported).
-	Allocator string
+	// Backend is BackendAuto (or ""), BackendHost or BackendCUDA.
+	// Ignored when Driver is set.
+	Backend Backend
+	// Allocator is AllocatorAuto (or ""), AllocatorExpandable or
+	// AllocatorFallback; any allocator can be forced on any backend,
+	// except expandable on a device without VMM (vmm.ErrNotSupported).
+	Allocator AllocatorKind
 	// Driver, if set, is used instead of opening one; the allocator does
 	// not close it.
 	Driver vmm.Driver

@@ -4,16 +4,16 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
 // PoolID names a private pool, as PyTorch's MempoolId_t does; the zero
 // value names none.
-type PoolID = core.PoolID
+type PoolID = spec.PoolID
 
 // PoolCheckpoint is the allocation state of a private pool at one moment.
-type PoolCheckpoint = core.PoolCheckpoint
+type PoolCheckpoint = spec.PoolCheckpoint
 
 // Pools is what both allocators offer for CUDA graph captures: private
 // pools, as PyTorch's caching allocator keeps them.
@@ -54,11 +54,8 @@ type Pools interface {
 var ErrNoPools = errors.New("xseg: allocator has no private pools")
 
 // PoolsOf returns a's private pools: a itself for both xseg allocators
-// (also as Open returns them), else an error matching ErrNoPools.
+// and for Open's DeviceAllocator, else an error matching ErrNoPools.
 func PoolsOf(a Allocator) (Pools, error) {
-	if o, ok := a.(*owning); ok {
-		a = o.Allocator
-	}
 	if p, ok := a.(Pools); ok {
 		return p, nil
 	}

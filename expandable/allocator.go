@@ -5,11 +5,12 @@ import (
 	"log/slog"
 
 	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
-// Config is the allocator's configuration (see core.Config).
-type Config = core.Config
+// Config is the allocator's configuration (see spec.Config).
+type Config = spec.Config
 
 // Allocator is the expandable-segments allocator of one device. It
 // implements xseg.Allocator and is safe for concurrent use by multiple
@@ -101,7 +102,7 @@ func (a *Allocator) EmptyCache() error { return a.heap.EmptyCache() }
 
 // Stats returns the current statistics. ReservedBytes counts the physical
 // pages the allocator holds: mapped ones and those kept in its page cache.
-func (a *Allocator) Stats() core.Stats { return a.heap.Stats() }
+func (a *Allocator) Stats() spec.Stats { return a.heap.Stats() }
 
 // ResetPeakStats makes every peak the current value.
 func (a *Allocator) ResetPeakStats() { a.heap.ResetPeakStats() }
@@ -111,7 +112,7 @@ func (a *Allocator) ResetPeakStats() { a.heap.ResetPeakStats() }
 func (a *Allocator) ResetAccumulatedStats() { a.heap.ResetAccumulatedStats() }
 
 // Snapshot returns the segments, their mapped ranges and blocks.
-func (a *Allocator) Snapshot() core.Snapshot { return a.heap.Snapshot() }
+func (a *Allocator) Snapshot() spec.Snapshot { return a.heap.Snapshot() }
 
 // Close unmaps and releases everything the allocator holds; blocks still
 // allocated become invalid. It does not close the driver. If the driver

@@ -7,6 +7,7 @@ import (
 
 	"github.com/xseg-dev/xseg/internal/core"
 	"github.com/xseg-dev/xseg/internal/pagerun"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -197,7 +198,7 @@ func (b *Buffer) setLen(n uint64) {
 // allocator: allocated, requested and active bytes are Len, reserved bytes
 // Cap, one allocation while Len > 0, one segment until Close, and the
 // pages mapped, unmapped and created and the set-access calls made.
-func (b *Buffer) Stats() core.Stats {
+func (b *Buffer) Stats() spec.Stats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.mu.st

@@ -5,13 +5,14 @@ import (
 	"log/slog"
 
 	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
-// Config is the allocator's configuration (see core.Config). The fallback
+// Config is the allocator's configuration (see spec.Config). The fallback
 // allocator reads SmallPageSize and LargePageSize as segment sizes, and
 // has no page cache (PageCacheBytes is unused).
-type Config = core.Config
+type Config = spec.Config
 
 // Allocator is the fallback allocator of one device: the block core over
 // fixed segments of plain allocations. It implements xseg.Allocator and is
@@ -112,7 +113,7 @@ func (a *Allocator) EmptyCache() error { return a.heap.EmptyCache() }
 // Stats returns the current statistics. ReservedBytes counts the segments
 // the allocator holds; PagesCreated and Unmaps count the plain
 // allocations made and freed.
-func (a *Allocator) Stats() core.Stats { return a.heap.Stats() }
+func (a *Allocator) Stats() spec.Stats { return a.heap.Stats() }
 
 // ResetPeakStats makes every peak the current value.
 func (a *Allocator) ResetPeakStats() { a.heap.ResetPeakStats() }
@@ -123,7 +124,7 @@ func (a *Allocator) ResetAccumulatedStats() { a.heap.ResetAccumulatedStats() }
 
 // Snapshot returns the segments and their blocks; each segment is one
 // page, mapped as a whole.
-func (a *Allocator) Snapshot() core.Snapshot { return a.heap.Snapshot() }
+func (a *Allocator) Snapshot() spec.Snapshot { return a.heap.Snapshot() }
 
 // Close frees every segment; blocks still allocated become invalid. It
 // does not close the driver. If the driver fails to free a segment, Close

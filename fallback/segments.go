@@ -39,7 +39,7 @@ var _ core.ReleasePolicer = (*segments)(nil)
 // requests below half of cfg.LargePageSize (10 MiB) share a large segment
 // of cfg.LargePageSize (20 MiB); larger ones get a segment of their own,
 // rounded up to cfg.SmallPageSize.
-func SegmentSize(cfg core.Config, size uint64) uint64 {
+func SegmentSize(cfg Config, size uint64) uint64 {
 	pool := core.Large
 	if core.RoundSize(size) <= cfg.SmallLimit {
 		pool = core.Small

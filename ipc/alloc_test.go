@@ -17,7 +17,7 @@ import (
 
 	"github.com/xseg-dev/xseg/expandable"
 	"github.com/xseg-dev/xseg/handles"
-	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/cuda"
 	"github.com/xseg-dev/xseg/vmm/host"
@@ -228,7 +228,7 @@ type pinningAllocator interface {
 	Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error)
 	Free(ptr vmm.DevicePtr) error
 	EmptyCache() error
-	Stats() core.Stats
+	Stats() spec.Stats
 	Pinned() int
 }
 

@@ -3,13 +3,13 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 )
 
 // Source is what a Collector reads: xseg.Allocator and the allocators of
 // packages expandable and fallback satisfy it.
 type Source interface {
-	Stats() core.Stats
+	Stats() spec.Stats
 }
 
 // Collector is a prometheus.Collector over one Source. It is safe for
@@ -22,19 +22,19 @@ type Collector struct {
 
 var _ prometheus.Collector = (*Collector)(nil)
 
-// poolMetric is one per-pool counter of core.Stats, exported as a gauge
+// poolMetric is one per-pool counter of spec.Stats, exported as a gauge
 // of its current value and a gauge of its peak.
 type poolMetric struct {
 	cur, peak *prometheus.Desc
-	get       func(*core.Stats) *core.PoolStat
+	get       func(*spec.Stats) *spec.PoolStat
 }
 
-// counterMetric is one monotonic count of core.Stats.
+// counterMetric is one monotonic count of spec.Stats.
 type counterMetric struct {
 	desc *prometheus.Desc
-	get  func(*core.Stats) float64
+	get  func(*spec.Stats) float64
 	// pool, if set, makes the counter per pool from a PoolStat's Allocated.
-	pool func(*core.Stats) *core.PoolStat
+	pool func(*spec.Stats) *spec.PoolStat
 }
 
 // New makes a Collector of src's statistics. constLabels (e.g.
@@ -42,39 +42,39 @@ type counterMetric struct {
 func New(src Source, constLabels prometheus.Labels) *Collector {
 	c := &Collector{src: src}
 	pool := []string{"pool"}
-	gauge := func(name, help string, get func(*core.Stats) *core.PoolStat) {
+	gauge := func(name, help string, get func(*spec.Stats) *spec.PoolStat) {
 		c.pools = append(c.pools, poolMetric{
 			cur:  prometheus.NewDesc("xseg_"+name, help, pool, constLabels),
 			peak: prometheus.NewDesc("xseg_"+name+"_peak", "Peak of xseg_"+name+" since the allocator opened or its peaks were reset.", pool, constLabels),
 			get:  get,
 		})
 	}
-	gauge("allocated_bytes", "Bytes of blocks handed out to callers (rounded sizes).", func(s *core.Stats) *core.PoolStat { return &s.AllocatedBytes })
-	gauge("reserved_bytes", "Bytes of device memory the allocator holds: mapped pages and cached ones.", func(s *core.Stats) *core.PoolStat { return &s.ReservedBytes })
-	gauge("active_bytes", "Allocated bytes plus freed blocks still waiting for stream work before reuse.", func(s *core.Stats) *core.PoolStat { return &s.ActiveBytes })
-	gauge("requested_bytes", "Bytes callers asked for, before rounding.", func(s *core.Stats) *core.PoolStat { return &s.RequestedBytes })
-	gauge("allocations", "Blocks handed out now.", func(s *core.Stats) *core.PoolStat { return &s.Allocations })
-	gauge("active_blocks", "Active blocks now.", func(s *core.Stats) *core.PoolStat { return &s.ActiveBlocks })
-	gauge("segments", "Segments now.", func(s *core.Stats) *core.PoolStat { return &s.Segments })
+	gauge("allocated_bytes", "Bytes of blocks handed out to callers (rounded sizes).", func(s *spec.Stats) *spec.PoolStat { return &s.AllocatedBytes })
+	gauge("reserved_bytes", "Bytes of device memory the allocator holds: mapped pages and cached ones.", func(s *spec.Stats) *spec.PoolStat { return &s.ReservedBytes })
+	gauge("active_bytes", "Allocated bytes plus freed blocks still waiting for stream work before reuse.", func(s *spec.Stats) *spec.PoolStat { return &s.ActiveBytes })
+	gauge("requested_bytes", "Bytes callers asked for, before rounding.", func(s *spec.Stats) *spec.PoolStat { return &s.RequestedBytes })
+	gauge("allocations", "Blocks handed out now.", func(s *spec.Stats) *spec.PoolStat { return &s.Allocations })
+	gauge("active_blocks", "Active blocks now.", func(s *spec.Stats) *spec.PoolStat { return &s.ActiveBlocks })
+	gauge("segments", "Segments now.", func(s *spec.Stats) *spec.PoolStat { return &s.Segments })
 
-	counter := func(name, help string, get func(*core.Stats) int64) {
+	counter := func(name, help string, get func(*spec.Stats) int64) {
 		c.counters = append(c.counters, counterMetric{
 			desc: prometheus.NewDesc("xseg_"+name, help, nil, constLabels),
-			get:  func(s *core.Stats) float64 { return float64(get(s)) },
+			get:  func(s *spec.Stats) float64 { return float64(get(s)) },
 		})
 	}
 	c.counters = append(c.counters, counterMetric{
 		desc: prometheus.NewDesc("xseg_allocations_total", "Blocks ever handed out.", pool, constLabels),
-		pool: func(s *core.Stats) *core.PoolStat { return &s.Allocations },
+		pool: func(s *spec.Stats) *spec.PoolStat { return &s.Allocations },
 	})
-	counter("alloc_retries_total", "Allocations retried after the OOM policy freed cached memory.", func(s *core.Stats) int64 { return s.NumAllocRetries })
-	counter("ooms_total", "Out-of-memory errors returned to callers.", func(s *core.Stats) int64 { return s.NumOOMs })
-	counter("maps_total", "Physical pages mapped.", func(s *core.Stats) int64 { return s.Maps })
-	counter("unmaps_total", "Physical pages unmapped.", func(s *core.Stats) int64 { return s.Unmaps })
-	counter("set_access_calls_total", "Set-access driver calls (one per run of pages).", func(s *core.Stats) int64 { return s.SetAccessCalls })
-	counter("syncs_total", "Waits on events or streams.", func(s *core.Stats) int64 { return s.Syncs })
-	counter("pages_created_total", "Physical pages created with the driver.", func(s *core.Stats) int64 { return s.PagesCreated })
-	counter("pages_reused_total", "Physical pages taken from the released-page cache.", func(s *core.Stats) int64 { return s.PagesReused })
+	counter("alloc_retries_total", "Allocations retried after the OOM policy freed cached memory.", func(s *spec.Stats) int64 { return s.NumAllocRetries })
+	counter("ooms_total", "Out-of-memory errors returned to callers.", func(s *spec.Stats) int64 { return s.NumOOMs })
+	counter("maps_total", "Physical pages mapped.", func(s *spec.Stats) int64 { return s.Maps })
+	counter("unmaps_total", "Physical pages unmapped.", func(s *spec.Stats) int64 { return s.Unmaps })
+	counter("set_access_calls_total", "Set-access driver calls (one per run of pages).", func(s *spec.Stats) int64 { return s.SetAccessCalls })
+	counter("syncs_total", "Waits on events or streams.", func(s *spec.Stats) int64 { return s.Syncs })
+	counter("pages_created_total", "Physical pages created with the driver.", func(s *spec.Stats) int64 { return s.PagesCreated })
+	counter("pages_reused_total", "Physical pages taken from the released-page cache.", func(s *spec.Stats) int64 { return s.PagesReused })
 	return c
 }
 

@@ -11,24 +11,24 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/expandable"
-	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm/host"
 )
 
 // fixed is a Source with set statistics.
-type fixed core.Stats
+type fixed spec.Stats
 
-func (f *fixed) Stats() core.Stats { return core.Stats(*f) }
+func (f *fixed) Stats() spec.Stats { return spec.Stats(*f) }
 
 func sample() *fixed {
-	var st core.Stats
-	st.ReservedBytes.Add(core.Small, 2<<20)
-	st.ReservedBytes.Add(core.Large, 40<<20)
-	st.ReservedBytes.Add(core.Large, -20<<20)
-	st.AllocatedBytes.Add(core.Small, 512)
-	st.Allocations.Add(core.Small, 1)
-	st.Allocations.Add(core.Large, 3)
-	st.Allocations.Add(core.Large, -1)
+	var st spec.Stats
+	st.ReservedBytes.Add(spec.Small, 2<<20)
+	st.ReservedBytes.Add(spec.Large, 40<<20)
+	st.ReservedBytes.Add(spec.Large, -20<<20)
+	st.AllocatedBytes.Add(spec.Small, 512)
+	st.Allocations.Add(spec.Small, 1)
+	st.Allocations.Add(spec.Large, 3)
+	st.Allocations.Add(spec.Large, -1)
 	st.NumAllocRetries, st.NumOOMs, st.Maps, st.Unmaps = 2, 1, 21, 10
 	f := fixed(st)
 	return &f

@@ -5,7 +5,7 @@
 // xseg.Allocator, an *expandable.Allocator): register it once and every
 // scrape reads the statistics afresh, with one Stats call. The names follow
 // Prometheus' conventions (base units, _total for counters) and the
-// meanings are PyTorch's torch.cuda.memory_stats (see core.Stats):
+// meanings are PyTorch's torch.cuda.memory_stats (see spec.Stats):
 //
 //	xseg_allocated_bytes{pool}        bytes of blocks handed out
 //	xseg_reserved_bytes{pool}         bytes of device memory held (mapped and cached pages)

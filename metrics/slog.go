@@ -3,7 +3,7 @@ package metrics
 import (
 	"log/slog"
 
-	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 )
 
 // Attr returns st as a slog group attribute under key: the current and
@@ -11,7 +11,7 @@ import (
 // segments, retries and OOMs, pages mapped and unmapped. For example:
 //
 //	log.Info("memory", metrics.Attr("xseg", a.Stats()))
-func Attr(key string, st core.Stats) slog.Attr {
+func Attr(key string, st spec.Stats) slog.Attr {
 	return slog.Group(key,
 		slog.Int64("allocated_bytes", st.AllocatedBytes.All.Current),
 		slog.Int64("allocated_bytes_peak", st.AllocatedBytes.All.Peak),

@@ -32,7 +32,7 @@ func main() {
 
 // config is what one run measures.
 type config struct {
-	backend          string
+	backend          xseg.Backend
 	dev              vmm.Device
 	from, to, step   uint64
 	baseline, verify bool
@@ -56,7 +56,7 @@ func parseFlags(args []string) (config, error) {
 	c := config{}
 	from, to, step := sizeFlag(1<<30), sizeFlag(16<<30), sizeFlag(2<<20)
 	dev := fs.Int("device", 0, "device ordinal")
-	fs.StringVar(&c.backend, "backend", "auto", "backend: auto, cuda or host")
+	fs.TextVar(&c.backend, "backend", xseg.BackendAuto, "backend: auto, cuda or host")
 	fs.Var(&from, "from", "starting size (e.g. 1GiB)")
 	fs.Var(&to, "to", "final size (e.g. 16GiB)")
 	fs.Var(&step, "step", "bytes added by each grow (e.g. 2MiB)")

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -14,7 +14,7 @@ import (
 type Allocator interface {
 	Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error)
 	Free(ptr vmm.DevicePtr) error
-	Stats() core.Stats
+	Stats() spec.Stats
 }
 
 // ProgressEvery is how many events pass between two calls of

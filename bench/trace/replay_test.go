@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -21,7 +21,7 @@ type fakeAlloc struct {
 	next    vmm.DevicePtr
 	live    map[vmm.DevicePtr]uint64
 	streams map[vmm.Stream]int
-	st      core.Stats
+	st      spec.Stats
 	allocs  int
 	oomAt   int
 	badFree vmm.DevicePtr
@@ -61,7 +61,7 @@ func (f *fakeAlloc) Free(p vmm.DevicePtr) error {
 	return nil
 }
 
-func (f *fakeAlloc) Stats() core.Stats { return f.st }
+func (f *fakeAlloc) Stats() spec.Stats { return f.st }
 
 func parse(t *testing.T, s string) *Trace {
 	t.Helper()

@@ -8,12 +8,13 @@ import (
 	"strconv"
 	"strings"
 
+	xseg "github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/host"
 )
 
 // Environment variables the library reads at first use (XSEG_LOG at load).
-// XSEG_CONF and its aliases are read by core.ConfigFromEnv.
+// XSEG_CONF and its aliases are read by spec.ApplyEnv.
 const (
 	// envBackend selects the backend: "cuda" (the default) or "host".
 	envBackend = "XSEG_BACKEND"
@@ -30,14 +31,14 @@ const levelOff = slog.Level(math.MaxInt32)
 
 // backendFromEnv reads the backend and the host capacity (0: the backend's
 // default).
-func backendFromEnv(getenv func(string) string) (backend string, capacity uint64, err error) {
-	backend = strings.ToLower(strings.TrimSpace(getenv(envBackend)))
+func backendFromEnv(getenv func(string) string) (backend xseg.Backend, capacity uint64, err error) {
+	backend = xseg.Backend(strings.ToLower(strings.TrimSpace(getenv(envBackend))))
 	switch backend {
 	case "":
-		backend = "cuda"
-	case "cuda", "host":
+		backend = xseg.BackendCUDA
+	case xseg.BackendCUDA, xseg.BackendHost:
 	default:
-		return "", 0, fmt.Errorf("%s=%q: want cuda or host: %w", envBackend, backend, vmm.ErrInvalid)
+		return "", 0, fmt.Errorf("%s=%q: want cuda or host: %w", envBackend, string(backend), vmm.ErrInvalid)
 	}
 	if s := strings.TrimSpace(getenv(envHostCapacity)); s != "" {
 		// Checked here, with the unit, rather than failing later as a

@@ -3,12 +3,11 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 
 	xseg "github.com/xseg-dev/xseg"
-	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -19,7 +18,7 @@ const maxDevices = 64
 
 // device is one device's allocator, published once made.
 type device struct {
-	a xseg.Allocator
+	a *xseg.DeviceAllocator
 }
 
 // library is the state behind the C API: the driver, the configuration and
@@ -28,7 +27,7 @@ type device struct {
 // once the device's allocator exists.
 type library struct {
 	getenv     func(string) string
-	openDriver func(backend string, hostCapacity uint64) (vmm.Driver, error)
+	openDriver func(backend xseg.Backend, hostCapacity uint64) (vmm.Driver, error)
 
 	level  *slog.LevelVar
 	log    *slog.Logger
@@ -41,14 +40,14 @@ type library struct {
 		conf    string // from configure; applied over XSEG_CONF
 		started bool
 		drv     vmm.Driver
-		cfg     core.Config
+		cfg     xseg.Config
 		err     error // why the driver could not be opened, kept for good
 	}
 }
 
 // newLibrary makes a library that reads its environment through getenv and
 // opens its driver with openDriver, both at first use.
-func newLibrary(getenv func(string) string, openDriver func(string, uint64) (vmm.Driver, error)) *library {
+func newLibrary(getenv func(string) string, openDriver func(xseg.Backend, uint64) (vmm.Driver, error)) *library {
 	l := &library{getenv: getenv, openDriver: openDriver, level: new(slog.LevelVar)}
 	lv, err := parseLevel(getenv(envLog))
 	if err != nil {
@@ -61,7 +60,7 @@ func newLibrary(getenv func(string) string, openDriver func(string, uint64) (vmm
 
 // allocator returns dev's allocator, making it (and, the first time, the
 // driver) if need be. This is the first use that reads the configuration.
-func (l *library) allocator(dev int) (xseg.Allocator, error) {
+func (l *library) allocator(dev int) (*xseg.DeviceAllocator, error) {
 	if dev >= 0 && dev < maxDevices {
 		if d := l.devs[dev].Load(); d != nil {
 			return d.a, nil
@@ -71,7 +70,7 @@ func (l *library) allocator(dev int) (xseg.Allocator, error) {
 }
 
 // existing returns dev's allocator if it was made, nil if not.
-func (l *library) existing(dev int) (xseg.Allocator, error) {
+func (l *library) existing(dev int) (*xseg.DeviceAllocator, error) {
 	if dev < 0 || dev >= maxDevices {
 		return nil, fmt.Errorf("device %d out of range [0, %d): %w", dev, maxDevices, vmm.ErrInvalid)
 	}
@@ -81,7 +80,7 @@ func (l *library) existing(dev int) (xseg.Allocator, error) {
 	return nil, nil
 }
 
-func (l *library) openDevice(dev int) (xseg.Allocator, error) {
+func (l *library) openDevice(dev int) (*xseg.DeviceAllocator, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if dev < 0 || dev >= maxDevices {
@@ -137,7 +136,7 @@ func (l *library) startLocked() {
 	if err != nil {
 		// openDriver's error names the backend; the hint helps only
 		// where CUDA failed.
-		if backend == "cuda" {
+		if backend == xseg.BackendCUDA {
 			err = fmt.Errorf("%w (set %s=host to use host memory instead)", err, envBackend)
 		}
 		l.mu.err = err
@@ -161,23 +160,18 @@ func (l *library) driver() vmm.Driver {
 // the configuration says otherwise, as PyTorch's expandable segments do, so
 // that xseg_share works on any tensor; it costs nothing on CUDA. The host
 // backend (CI) keeps the default, which spends no file descriptor a page.
-func (l *library) configLocked(conf string) (core.Config, error) {
-	getenv := l.getenv
-	if backend, _, err := backendFromEnv(l.getenv); err == nil && backend == "cuda" {
-		getenv = func(k string) string {
-			if k == "XSEG_CONF" {
-				return strings.TrimSuffix("shareable:true,"+l.getenv(k), ",")
-			}
-			return l.getenv(k)
-		}
+func (l *library) configLocked(conf string) (xseg.Config, error) {
+	base := xseg.DefaultConfig()
+	if backend, _, err := backendFromEnv(l.getenv); err == nil && backend == xseg.BackendCUDA {
+		base.Shareable = true
 	}
-	cfg, err := core.ConfigFromEnv(getenv) // its errors name the variable
+	cfg, err := spec.ApplyEnv(base, l.getenv) // its errors name the variable
 	if err != nil {
 		return cfg, err
 	}
 	if conf != "" {
-		// Not quoted: core's error quotes the bad part, briefly.
-		if cfg, err = core.ParseConfig(cfg, conf); err != nil {
+		// Not quoted: ParseConfig's error quotes the bad part, briefly.
+		if cfg, err = xseg.ParseConfig(cfg, conf); err != nil {
 			return cfg, fmt.Errorf("the configuration of xseg_configure: %w", err)
 		}
 	}

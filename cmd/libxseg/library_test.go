@@ -26,8 +26,8 @@ func hostLibrary(t *testing.T, extra env) *library {
 		e[k] = v
 	}
 	var drv vmm.Driver
-	l := newLibrary(e.get, func(backend string, capacity uint64) (vmm.Driver, error) {
-		require.Equal(t, "host", backend)
+	l := newLibrary(e.get, func(backend xseg.Backend, capacity uint64) (vmm.Driver, error) {
+		require.Equal(t, xseg.BackendHost, backend)
 		require.Equal(t, uint64(256<<20), capacity)
 		d, err := xseg.OpenDriver(backend, capacity)
 		drv = d
@@ -160,9 +160,9 @@ func TestLibraryConfigure(t *testing.T) {
 
 func TestLibraryStartFailureKept(t *testing.T) {
 	calls := 0
-	l := newLibrary(env{}.get, func(backend string, _ uint64) (vmm.Driver, error) {
+	l := newLibrary(env{}.get, func(backend xseg.Backend, _ uint64) (vmm.Driver, error) {
 		calls++
-		require.Equal(t, "cuda", backend, "CUDA is the default backend")
+		require.Equal(t, xseg.BackendCUDA, backend, "CUDA is the default backend")
 		return nil, fmt.Errorf("dlopen libcuda.so.1: no such file: %w", vmm.ErrNotSupported)
 	})
 	for range 3 {
@@ -257,6 +257,9 @@ func TestShareableDefault(t *testing.T) {
 		{env{"XSEG_BACKEND": "host"}, false},
 		{env{"XSEG_BACKEND": "host", "XSEG_CONF": "shareable:true"}, true},
 		{env{"XSEG_CONF": "oom_max_retries:2"}, true},
+		{env{"XSEG_CONF": "oom_max_retries:2,shareable:false"}, false},
+		{env{"OOM_MAX_RETRIES": "3"}, true},
+		{env{"XSEG_BACKEND": "host", "OOM_VERBOSE": "1"}, false},
 	} {
 		l := newLibrary(tc.env.get, nil)
 		cfg, err := l.configLocked("")
@@ -269,7 +272,7 @@ func TestShareableDefault(t *testing.T) {
 // XSEG_BACKEND, it fails the first use, and every later one, naming it.
 func TestLibraryBadLogLevelFailsFirstUse(t *testing.T) {
 	opened := false
-	l := newLibrary(env{envLog: "loud", envBackend: "host"}.get, func(string, uint64) (vmm.Driver, error) {
+	l := newLibrary(env{envLog: "loud", envBackend: "host"}.get, func(xseg.Backend, uint64) (vmm.Driver, error) {
 		opened = true
 		return nil, fmt.Errorf("opened: %w", vmm.ErrNotSupported)
 	})
@@ -302,7 +305,7 @@ func TestLibraryHostCapacityMessage(t *testing.T) {
 	require.NotContains(t, err.Error(), "set XSEG_BACKEND=host")
 
 	// A host backend that fails to open gets no hint either.
-	l = newLibrary(env{envBackend: "host"}.get, func(string, uint64) (vmm.Driver, error) {
+	l = newLibrary(env{envBackend: "host"}.get, func(xseg.Backend, uint64) (vmm.Driver, error) {
 		return nil, fmt.Errorf("xseg: opening the host backend: no memfd: %w", vmm.ErrNotSupported)
 	})
 	_, err = l.malloc(100, 0, 0)

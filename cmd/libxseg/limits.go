@@ -26,7 +26,7 @@ func (l *library) limiter(dev int) (xseg.MemoryLimiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return xseg.LimiterOf(a)
+	return a, nil
 }
 
 // setMemoryFraction limits dev's reserved memory to fraction of its total.
@@ -59,11 +59,7 @@ func (l *library) memoryFraction(dev int) (float64, error) {
 	if err != nil || a == nil {
 		return 0, err
 	}
-	lim, err := xseg.LimiterOf(a)
-	if err != nil {
-		return 0, err
-	}
-	return lim.MemoryFraction(), nil
+	return a.MemoryFraction(), nil
 }
 
 // recordHistory keeps the last maxEntries events of dev (0: none).
@@ -75,11 +71,7 @@ func (l *library) recordHistory(dev int, maxEntries uint64) error {
 	if err != nil {
 		return err
 	}
-	h, err := xseg.HistorianOf(a)
-	if err != nil {
-		return err
-	}
-	return h.RecordHistory(int(maxEntries))
+	return a.RecordHistory(int(maxEntries))
 }
 
 // historyJSON is dev's history as a JSON array, oldest first; empty for a
@@ -91,11 +83,7 @@ func (l *library) historyJSON(dev int) ([]byte, error) {
 	}
 	events := []xseg.HistoryEvent{}
 	if a != nil {
-		h, err := xseg.HistorianOf(a)
-		if err != nil {
-			return nil, err
-		}
-		if got := h.History(); got != nil {
+		if got := a.History(); got != nil {
 			events = got
 		}
 	}

@@ -6,7 +6,7 @@ import (
 	"fmt"
 
 	xseg "github.com/xseg-dev/xseg"
-	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -68,7 +68,7 @@ func (l *library) recordStream(ptr vmm.DevicePtr, s vmm.Stream) (known bool, err
 
 // each calls fn for dev's allocator, or for every allocator made so far when
 // dev is -1. A device without an allocator has nothing to do.
-func (l *library) each(dev int, fn func(xseg.Allocator) error) error {
+func (l *library) each(dev int, fn func(*xseg.DeviceAllocator) error) error {
 	if dev != -1 {
 		a, err := l.existing(dev)
 		if err != nil || a == nil {
@@ -90,24 +90,24 @@ func (l *library) each(dev int, fn func(xseg.Allocator) error) error {
 // emptyCache gives every whole free page of dev (-1: every device) back to
 // the driver.
 func (l *library) emptyCache(dev int) error {
-	return l.each(dev, func(a xseg.Allocator) error { return a.EmptyCache() })
+	return l.each(dev, func(a *xseg.DeviceAllocator) error { return a.EmptyCache() })
 }
 
 // resetPeakStats makes every peak of dev (-1: every device) the current
 // value.
 func (l *library) resetPeakStats(dev int) error {
-	return l.each(dev, func(a xseg.Allocator) error { a.ResetPeakStats(); return nil })
+	return l.each(dev, func(a *xseg.DeviceAllocator) error { a.ResetPeakStats(); return nil })
 }
 
 // resetAccumulatedStats zeroes the accumulated statistics of dev (-1:
 // every device).
 func (l *library) resetAccumulatedStats(dev int) error {
-	return l.each(dev, func(a xseg.Allocator) error { a.ResetAccumulatedStats(); return nil })
+	return l.each(dev, func(a *xseg.DeviceAllocator) error { a.ResetAccumulatedStats(); return nil })
 }
 
 // known is existing, but once the driver is open a device it does not
 // have is an error too.
-func (l *library) known(dev int) (xseg.Allocator, error) {
+func (l *library) known(dev int) (*xseg.DeviceAllocator, error) {
 	a, err := l.existing(dev)
 	if err != nil || a != nil {
 		return a, err
@@ -128,7 +128,7 @@ func (l *library) known(dev int) (xseg.Allocator, error) {
 // with PyTorch's names, and the device's memory as the driver reports it
 // (zero before the library has started).
 type statsReport struct {
-	core.Stats
+	xseg.Stats
 	Device      int    `json:"device"`
 	DeviceTotal uint64 `json:"device_total_bytes"`
 	DeviceFree  uint64 `json:"device_free_bytes"`
@@ -160,12 +160,12 @@ func (l *library) snapshotJSON(dev int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var snap core.Snapshot
+	var snap xseg.Snapshot
 	if a != nil {
 		snap = a.Snapshot()
 	}
 	if snap.Segments == nil {
-		snap.Segments = []core.Segment{}
+		snap.Segments = []spec.Segment{}
 	}
 	return json.Marshal(snap)
 }

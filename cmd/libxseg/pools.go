@@ -20,7 +20,7 @@ func (l *library) pools(dev int) (xseg.Pools, error) {
 	if err != nil {
 		return nil, err
 	}
-	return xseg.PoolsOf(a)
+	return a, nil
 }
 
 // beginPool retains pool id of dev and marks it active; the routing itself

@@ -49,8 +49,7 @@ func (s *sharing) share(ptr vmm.DevicePtr, device, importers int) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
-	src, ok := a.(ipc.BlockSource)
-	if a == nil || !ok {
+	if a == nil {
 		return nil, fmt.Errorf("device %d has no allocator whose blocks can be shared: %w", device, vmm.ErrInvalid)
 	}
 	s.mu.Lock()
@@ -65,7 +64,7 @@ func (s *sharing) share(ptr vmm.DevicePtr, device, importers int) ([]byte, error
 		s.mu.exp = exp
 		s.mu.shares = make(map[string]*ipc.Share)
 	}
-	sh, err := s.mu.exp.ShareBlock(lib.driver(), src, ptr)
+	sh, err := s.mu.exp.ShareBlock(lib.driver(), a, ptr)
 	if err != nil {
 		return nil, err
 	}

@@ -60,9 +60,7 @@ func TestLibraryShareNotShareableMessage(t *testing.T) {
 	l := hostLibrary(t, nil)
 	p, err := l.malloc(4096, 0, 0)
 	require.NoError(t, err)
-	a := l.devs[0].Load().a
-	src, ok := a.(ipc.BlockSource)
-	require.True(t, ok)
+	var src ipc.BlockSource = l.devs[0].Load().a
 	exp, err := ipc.NewExporter(ipc.ExporterOptions{})
 	require.NoError(t, err)
 	defer exp.Close()

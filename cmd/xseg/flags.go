@@ -9,26 +9,34 @@ import (
 )
 
 // enumFlag is a string flag that accepts only the listed values.
-type enumFlag struct {
-	value   string
-	allowed []string
+type enumFlag[T ~string] struct {
+	value   T
+	allowed []T
 }
 
-func newEnum(def string, allowed ...string) *enumFlag {
-	return &enumFlag{value: def, allowed: allowed}
+func newEnum[T ~string](def T, allowed ...T) *enumFlag[T] {
+	return &enumFlag[T]{value: def, allowed: allowed}
 }
 
-func (e *enumFlag) String() string { return e.value }
+func (e *enumFlag[T]) String() string { return string(e.value) }
 
 // Type names the values in the help text.
-func (e *enumFlag) Type() string { return strings.Join(e.allowed, "|") }
+func (e *enumFlag[T]) Type() string { return e.join("|") }
+
+func (e *enumFlag[T]) join(sep string) string {
+	s := make([]string, len(e.allowed))
+	for i, v := range e.allowed {
+		s[i] = string(v)
+	}
+	return strings.Join(s, sep)
+}
 
 // Set accepts one of the allowed values.
-func (e *enumFlag) Set(s string) error {
-	if !slices.Contains(e.allowed, s) {
-		return fmt.Errorf("%q is not one of %s", s, strings.Join(e.allowed, ", "))
+func (e *enumFlag[T]) Set(s string) error {
+	if !slices.Contains(e.allowed, T(s)) {
+		return fmt.Errorf("%q is not one of %s", s, e.join(", "))
 	}
-	e.value = s
+	e.value = T(s)
 	return nil
 }
 

@@ -63,16 +63,16 @@ type deviceReport struct {
 	// Allocator is the allocator xseg.Open makes on this device with the
 	// --allocator option (expandable or fallback), and AllocatorReason
 	// why; AllocatorError says why it cannot make one.
-	Allocator       string `json:"allocator,omitempty"`
-	AllocatorReason string `json:"allocator_reason,omitempty"`
-	AllocatorError  string `json:"allocator_error,omitempty"`
-	Error           string `json:"error,omitempty"`
+	Allocator       xseg.AllocatorKind `json:"allocator,omitempty"`
+	AllocatorReason string             `json:"allocator_reason,omitempty"`
+	AllocatorError  string             `json:"allocator_error,omitempty"`
+	Error           string             `json:"error,omitempty"`
 }
 
 func newInfoCmd(stdout io.Writer) *cobra.Command {
 	asJSON := false
-	backend := newEnum("auto", "auto", "host", "cuda")
-	allocator := newEnum("auto", "auto", "expandable", "fallback")
+	backend := newEnum(xseg.BackendAuto, xseg.Backends()...)
+	allocator := newEnum(xseg.AllocatorAuto, xseg.AllocatorKinds()...)
 	cmd := &cobra.Command{
 		Use:   "info",
 		Short: "Report the backend, driver, devices and sharing capabilities of this machine",
@@ -107,17 +107,17 @@ this process here (yes, no with the errno, or unknown).`,
 
 // gatherInfo opens the backend and describes it, with the allocator
 // xseg.Open would choose for each device.
-func gatherInfo(backend, allocator string) (*infoReport, error) {
+func gatherInfo(backend xseg.Backend, allocator xseg.AllocatorKind) (*infoReport, error) {
 	rep := &infoReport{PidfdGetfd: probePidfdGetfd(), Devices: []deviceReport{}}
-	d, cudaErr := xseg.OpenDriver("cuda", 0)
+	d, cudaErr := xseg.OpenDriver(xseg.BackendCUDA, 0)
 	if cudaErr != nil {
 		rep.CUDA.Reason = cudaErr.Error()
-		if backend == "cuda" {
+		if backend == xseg.BackendCUDA {
 			return nil, cudaErr
 		}
 	} else {
 		rep.CUDA.Available = true
-		if backend == "host" {
+		if backend == xseg.BackendHost {
 			if err := d.Close(); err != nil {
 				return nil, fmt.Errorf("closing the CUDA driver: %w", err)
 			}
@@ -127,7 +127,7 @@ func gatherInfo(backend, allocator string) (*infoReport, error) {
 	rep.BackendReason = backendReason(backend, rep.CUDA.Available)
 	if d == nil {
 		var err error
-		if d, err = xseg.OpenDriver("host", 0); err != nil {
+		if d, err = xseg.OpenDriver(xseg.BackendHost, 0); err != nil {
 			return nil, err
 		}
 	}
@@ -137,7 +137,7 @@ func gatherInfo(backend, allocator string) (*infoReport, error) {
 
 // describe fills rep with what d says about itself and its devices. A
 // device that cannot be described carries its error in the report.
-func describe(d vmm.Driver, rep *infoReport, allocator string) error {
+func describe(d vmm.Driver, rep *infoReport, allocator xseg.AllocatorKind) error {
 	rep.Backend = d.Backend()
 	v, err := d.DriverVersion()
 	if err != nil {
@@ -212,9 +212,9 @@ func printInfo(w io.Writer, rep *infoReport) error {
 }
 
 // backendReason says why gatherInfo describes the backend it does.
-func backendReason(asked string, cudaAvailable bool) string {
+func backendReason(asked xseg.Backend, cudaAvailable bool) string {
 	switch {
-	case asked != "auto":
+	case asked != xseg.BackendAuto:
 		return "asked for"
 	case cudaAvailable:
 		return "auto: a CUDA driver and device are here"

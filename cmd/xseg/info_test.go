@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/host"
 )
@@ -37,7 +38,7 @@ func TestInfoJSON(t *testing.T) {
 	require.True(t, d0.VMM)
 	require.NotZero(t, d0.TotalMemory)
 	require.NotZero(t, d0.Granularity)
-	require.Equal(t, "expandable", d0.Allocator, "a device with VMM gets the expandable allocator")
+	require.Equal(t, xseg.AllocatorExpandable, d0.Allocator, "a device with VMM gets the expandable allocator")
 	require.Contains(t, d0.AllocatorReason, "auto: ")
 	require.Contains(t, rep.BackendReason, "auto: ")
 	if rep.CUDA.Available {
@@ -71,7 +72,7 @@ func TestInfoForcedAllocator(t *testing.T) {
 	var rep infoReport
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
 	require.Equal(t, "asked for", rep.BackendReason)
-	require.Equal(t, "fallback", rep.Devices[0].Allocator)
+	require.Equal(t, xseg.AllocatorFallback, rep.Devices[0].Allocator)
 	require.Contains(t, rep.Devices[0].AllocatorReason, "asked for")
 	_, _, err = run(t, "info", "--allocator", "slab")
 	require.ErrorContains(t, err, `"slab" is not one of auto, expandable, fallback`)
@@ -96,7 +97,7 @@ func TestInfoDeviceWithoutVMM(t *testing.T) {
 	require.NoError(t, describe(noVMM{d}, rep, "auto"))
 	d0 := rep.Devices[0]
 	require.False(t, d0.VMM)
-	require.Equal(t, "fallback", d0.Allocator)
+	require.Equal(t, xseg.AllocatorFallback, d0.Allocator)
 	require.Contains(t, d0.AllocatorReason, "has no virtual memory management")
 	var text bytes.Buffer
 	require.NoError(t, printInfo(&text, rep))

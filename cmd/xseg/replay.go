@@ -12,14 +12,13 @@ import (
 
 	"github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/bench/trace"
-	"github.com/xseg-dev/xseg/internal/core"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
 // replayFlags are the flags of `xseg replay`.
 type replayFlags struct {
-	backend   *enumFlag
-	allocator *enumFlag
+	backend   *enumFlag[xseg.Backend]
+	allocator *enumFlag[xseg.AllocatorKind]
 	capacity  byteSize
 	device    int
 	conf      string
@@ -30,8 +29,8 @@ type replayFlags struct {
 
 func newReplayCmd(stdout, stderr io.Writer) *cobra.Command {
 	f := &replayFlags{
-		backend:   newEnum("auto", "auto", "host", "cuda"),
-		allocator: newEnum("auto", "auto", "expandable", "fallback"),
+		backend:   newEnum(xseg.BackendAuto, xseg.Backends()...),
+		allocator: newEnum(xseg.AllocatorAuto, xseg.AllocatorKinds()...),
 	}
 	cmd := &cobra.Command{
 		Use:   "replay [flags] TRACE...",
@@ -64,7 +63,7 @@ the timing. It fails if a trace does not parse or an allocation fails.`,
 
 // runReplay parses every trace, then replays them one by one on one driver.
 func runReplay(f *replayFlags, paths []string, stdout, stderr io.Writer) error {
-	if f.capacity != 0 && f.backend.value == "cuda" {
+	if f.capacity != 0 && f.backend.value == xseg.BackendCUDA {
 		return errors.New("--capacity sets the host backend's memory; it does not apply to --backend cuda")
 	}
 	cfg, err := replayConfig(f.conf)
@@ -118,7 +117,7 @@ func replayConfig(conf string) (*xseg.Config, error) {
 	if conf == "" {
 		return nil, nil
 	}
-	base, err := core.ConfigFromEnv(os.Getenv)
+	base, err := xseg.ConfigFromEnv(os.Getenv)
 	if err != nil {
 		return nil, err
 	}

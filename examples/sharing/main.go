@@ -29,14 +29,15 @@ import (
 )
 
 func main() {
-	backend := flag.String("backend", "auto", "auto (CUDA if it opens, else host), cuda or host")
+	var backend xseg.Backend
+	flag.TextVar(&backend, "backend", xseg.BackendAuto, "auto (CUDA if it opens, else host), cuda or host")
 	flag.Parse()
 	var err error
 	if flag.Arg(0) == "consume" {
-		err = consume(*backend, os.Stdin, os.Stdout)
+		err = consume(backend, os.Stdin, os.Stdout)
 	} else {
 		self, _ := os.Executable()
-		err = produce(*backend, os.Stdout, func() *exec.Cmd { return exec.Command(self, "-backend", *backend, "consume") })
+		err = produce(backend, os.Stdout, func() *exec.Cmd { return exec.Command(self, "-backend", string(backend), "consume") })
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sharing:", err)
@@ -53,7 +54,7 @@ func fillByte(i uint64) byte { return byte(i*31 + i>>12) }
 // produce makes and fills the buffer, shares it, runs the consumer that
 // consumer() makes with the descriptor on its stdin and its output on out,
 // and waits for it.
-func produce(backend string, out io.Writer, consumer func() *exec.Cmd) error {
+func produce(backend xseg.Backend, out io.Writer, consumer func() *exec.Cmd) error {
 	d, err := xseg.OpenDriver(backend, 0)
 	if err != nil {
 		return err
@@ -104,7 +105,7 @@ func produce(backend string, out io.Writer, consumer func() *exec.Cmd) error {
 
 // consume reads a descriptor from in, fetches and maps its pages, checks
 // the data and reports on out.
-func consume(backend string, in io.Reader, out io.Writer) error {
+func consume(backend xseg.Backend, in io.Reader, out io.Writer) error {
 	line, err := bufio.NewReader(in).ReadString('\n')
 	if err != nil {
 		return fmt.Errorf("reading the descriptor: %w", err)

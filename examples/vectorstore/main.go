@@ -19,16 +19,17 @@ func main() {
 	addr := flag.String("addr", "localhost:8080", "address to serve on")
 	dim := flag.Int("dim", 768, "values per vector")
 	maxGiB := flag.Uint64("max-gib", 16, "the buffer's maximum size in GiB (address space only)")
-	backend := flag.String("backend", "auto", "auto (CUDA if it opens, else host), cuda or host")
+	var backend xseg.Backend
+	flag.TextVar(&backend, "backend", xseg.BackendAuto, "auto (CUDA if it opens, else host), cuda or host")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := serve(*addr, *backend, *dim, *maxGiB<<30, log); err != nil {
+	if err := serve(*addr, backend, *dim, *maxGiB<<30, log); err != nil {
 		log.Error("vectorstore", "err", err)
 		os.Exit(1)
 	}
 }
 
-func serve(addr, backend string, dim int, maxBytes uint64, log *slog.Logger) error {
+func serve(addr string, backend xseg.Backend, dim int, maxBytes uint64, log *slog.Logger) error {
 	if dim <= 0 {
 		return fmt.Errorf("-dim %d: want at least 1", dim)
 	}

@@ -34,15 +34,3 @@ func TestBackoffDelayBounded(t *testing.T) {
 	require.Equal(t, 50*time.Millisecond, BackoffDelay(time.Millisecond, 40))
 	require.Zero(t, BackoffDelay(0, 10))
 }
-
-// Issue 15 item 10: oom_max_retries is bounded.
-func TestOOMMaxRetriesBounded(t *testing.T) {
-	c, err := ParseConfig(DefaultConfig(), "oom_max_retries:1000")
-	require.NoError(t, err)
-	require.Equal(t, MaxOOMRetries, c.OOMMaxRetries)
-	_, err = ParseConfig(DefaultConfig(), "oom_max_retries:1001")
-	require.ErrorContains(t, err, "oom_max_retries")
-	c = DefaultConfig()
-	c.OOMMaxRetries = math.MaxInt
-	require.Error(t, c.Validate())
-}

@@ -8,23 +8,6 @@ import (
 	"github.com/xseg-dev/xseg/vmm"
 )
 
-// A PoolCheckpoint is the allocation state of a private pool at one moment:
-// which blocks were allocated. PyTorch's CUDA graph trees (the
-// torch.compile "reduce-overhead" mode) take one after recording a graph
-// and put the pool back to it before recording the next one after replays,
-// because a replay changes the bytes but not the allocator's books.
-type PoolCheckpoint struct {
-	ID     PoolID            `json:"id"`
-	Blocks []CheckpointBlock `json:"blocks"` // allocated blocks, in address order
-}
-
-// CheckpointBlock is one allocated block of a checkpoint.
-type CheckpointBlock struct {
-	Ptr       vmm.DevicePtr `json:"ptr"`
-	Size      uint64        `json:"size"`
-	Requested uint64        `json:"requested"`
-}
-
 // CheckpointPool returns the allocated blocks of private pool id.
 func (h *Heap) CheckpointPool(id PoolID) (PoolCheckpoint, error) {
 	h.mu.Lock()

@@ -225,11 +225,11 @@ func (h *Heap) handOutLocked(b *block, rs, req uint64) *block {
 	}
 	p := b.seg.Pool
 	st := &h.mu.stats
-	st.AllocatedBytes.up(p, int64(b.size))
-	st.RequestedBytes.up(p, int64(req))
-	st.ActiveBytes.up(p, int64(b.size))
-	st.Allocations.up(p, 1)
-	st.ActiveBlocks.up(p, 1)
+	st.AllocatedBytes.Add(p, int64(b.size))
+	st.RequestedBytes.Add(p, int64(req))
+	st.ActiveBytes.Add(p, int64(b.size))
+	st.Allocations.Add(p, 1)
+	st.ActiveBlocks.Add(p, 1)
 	if h.mu.hist != nil {
 		h.noteLocked(ActionAlloc, b.ptr, b.size, b.seg)
 	}
@@ -299,9 +299,9 @@ func (h *Heap) privateStateLocked(id PoolID, s vmm.Stream, rs uint64, p Pool) (*
 func (h *Heap) unallocateLocked(b *block) {
 	p := b.seg.Pool
 	st := &h.mu.stats
-	st.AllocatedBytes.down(p, int64(b.size))
-	st.RequestedBytes.down(p, int64(b.requested))
-	st.Allocations.down(p, 1)
+	st.AllocatedBytes.Add(p, -int64(b.size))
+	st.RequestedBytes.Add(p, -int64(b.requested))
+	st.Allocations.Add(p, -1)
 	b.requested = 0
 }
 
@@ -318,8 +318,8 @@ func (h *Heap) deactivateLocked(b *block) {
 		h.noteLocked(ActionFreeCompleted, b.ptr, b.size, b.seg)
 	}
 	p := b.seg.Pool
-	h.mu.stats.ActiveBytes.down(p, int64(b.size))
-	h.mu.stats.ActiveBlocks.down(p, 1)
+	h.mu.stats.ActiveBytes.Add(p, -int64(b.size))
+	h.mu.stats.ActiveBlocks.Add(p, -1)
 	b.state = stFree
 	st := b.seg.st
 	if st.exactN < maxExact {

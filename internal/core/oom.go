@@ -74,10 +74,6 @@ func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, e
 	return b, wrapAlloc(req, err)
 }
 
-// MaxOOMRetries bounds Config.OOMMaxRetries: with the capped backoff a
-// thousand retries already sleep over an hour in one allocation.
-const MaxOOMRetries = 1000
-
 // maxBackoff caps one delay of the OOM backoff: past a few seconds a
 // longer sleep only delays the failure the caller has to handle anyway.
 const maxBackoff = 5 * time.Second

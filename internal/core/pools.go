@@ -1,7 +1,6 @@
 package core
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -34,32 +33,6 @@ import (
 // The pages of a pool that is in use are never unmapped (not by EmptyCache,
 // the OOM policy, page stealing or the release threshold): a graph's
 // freed temporaries are free to the allocator but not to the graph.
-
-// PoolID names a private pool, as PyTorch's MempoolId_t (a pair of
-// integers) does. The zero PoolID names no private pool.
-type PoolID struct {
-	First, Second uint64
-}
-
-// IsZero reports whether id names no private pool.
-func (id PoolID) IsZero() bool { return id == PoolID{} }
-
-func (id PoolID) String() string { return fmt.Sprintf("(%d, %d)", id.First, id.Second) }
-
-// MarshalJSON writes the id as PyTorch writes a pool id: [first, second].
-func (id PoolID) MarshalJSON() ([]byte, error) {
-	return fmt.Appendf(nil, "[%d,%d]", id.First, id.Second), nil
-}
-
-// UnmarshalJSON reads what MarshalJSON writes.
-func (id *PoolID) UnmarshalJSON(b []byte) error {
-	var pair [2]uint64
-	if err := json.Unmarshal(b, &pair); err != nil {
-		return fmt.Errorf("pool id: want [first, second]: %w", err)
-	}
-	id.First, id.Second = pair[0], pair[1]
-	return nil
-}
 
 // privatePool is one private pool.
 type privatePool struct {

@@ -71,6 +71,20 @@ var rules = []rule{
 		},
 	},
 	{
+		name:    "spec, the public vocabulary, imports only vmm",
+		applies: func(rel string) bool { return under(rel, "spec") },
+		tests:   true,
+		allowed: func(imp string) bool { return imp == "vmm" || imp == "spec" },
+	},
+	{
+		name: "cmd, bench, examples and metrics, tests included, import nothing under internal",
+		applies: func(rel string) bool {
+			return slices.ContainsFunc([]string{"cmd", "bench", "examples", "metrics"}, func(d string) bool { return under(rel, d) })
+		},
+		tests:   true,
+		allowed: func(imp string) bool { return !under(imp, "internal") },
+	},
+	{
 		name:    "the library imports nothing of cmd, bench or examples",
 		applies: func(rel string) bool { return !under(rel, "cmd") && !under(rel, "bench") && !under(rel, "examples") },
 		allowed: func(imp string) bool { return !under(imp, "cmd") && !under(imp, "bench") && !under(imp, "examples") },
@@ -110,7 +124,7 @@ func TestLayering(t *testing.T) {
 		rels = append(rels, p.rel)
 	}
 	// The scan must see the packages it guards, or the test proves nothing.
-	for _, want := range []string{".", "vmm", "internal/layering", "cmd/xseg"} {
+	for _, want := range []string{".", "vmm", "spec", "internal/layering", "cmd/xseg", "cmd/libxseg", "metrics", "bench/trace", "examples/sharing"} {
 		require.Contains(t, rels, want, "the scan missed a package")
 	}
 	// And it must see the cgo that vmm/cuda is there for.
@@ -129,6 +143,9 @@ func TestCheckCatches(t *testing.T) {
 		{rel: "vmm/cuda", imports: []string{"vmm"}, allImports: []string{"vmm"}, cgoFiles: []string{"lib_cgo.go"}},
 		{rel: "expandable", imports: []string{"internal/core", "bench/trace"}, allImports: []string{"internal/core"}, cgoFiles: []string{"x.go"}},
 		{rel: "cmd/xseg", imports: []string{".", "bench/trace"}, allImports: []string{"."}},
+		{rel: "cmd/libxseg", imports: []string{".", "spec"}, allImports: []string{".", "spec", "internal/core"}},
+		{rel: "metrics", imports: []string{"spec", "internal/core"}, allImports: []string{"spec", "internal/core"}},
+		{rel: "spec", imports: []string{"vmm", "handles"}, allImports: []string{"vmm", "handles"}},
 	})
 	require.ElementsMatch(t, []string{
 		"vmm imports vmm/internal/ledger: vmm imports nothing of the module",
@@ -136,6 +153,9 @@ func TestCheckCatches(t *testing.T) {
 		"vmm/vmmtest imports expandable: nothing under vmm, tests included, imports the allocators, ipc, handles or the root",
 		"expandable uses cgo (x.go); only [vmm/cuda cmd/libxseg] may",
 		"expandable imports bench/trace: the library imports nothing of cmd, bench or examples",
+		"cmd/libxseg imports internal/core: cmd, bench, examples and metrics, tests included, import nothing under internal",
+		"metrics imports internal/core: cmd, bench, examples and metrics, tests included, import nothing under internal",
+		"spec imports handles: spec, the public vocabulary, imports only vmm",
 	}, bad)
 }
 

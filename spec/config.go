@@ -1,4 +1,4 @@
-package core
+package spec
 
 import (
 	"fmt"
@@ -19,6 +19,10 @@ const (
 	// overflows the rounding of the reservation to 0 bytes.
 	TiB = 1 << 40
 )
+
+// MaxOOMRetries bounds Config.OOMMaxRetries: with the capped backoff a
+// thousand retries already sleep over an hour in one allocation.
+const MaxOOMRetries = 1000
 
 // MaxConfigLen bounds the length of a configuration string: the eleven
 // keys fit in a few hundred bytes, and an error must not echo megabytes.
@@ -52,8 +56,8 @@ type Config struct {
 	PageCacheBytes uint64
 	// OOMMaxRetries: after the cache has been emptied, retry this many
 	// times with exponential backoff from OOMDelay, for memory that other
-	// processes hold; at most MaxOOMRetries. Each delay is capped (see
-	// BackoffDelay).
+	// processes hold; at most MaxOOMRetries. Each delay is capped at the
+	// smaller of 5 s and 50 times OOMDelay.
 	OOMMaxRetries int
 	OOMDelay      time.Duration
 	// OOMWait: wait up to this long for frees by other goroutines of this
@@ -245,19 +249,28 @@ func setKey(c *Config, key, val string) error {
 
 // ConfigFromEnv returns DefaultConfig changed first by the seed variables
 // OOM_MAX_RETRIES, OOM_DELAY_MS, OOM_SIZE_FACTOR and OOM_VERBOSE, then by
-// XSEG_CONF. getenv is os.Getenv or a stand-in for tests.
+// XSEG_CONF. getenv is os.Getenv or a stand-in for tests. On an error it
+// returns DefaultConfig.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
-	c := DefaultConfig()
+	return ApplyEnv(DefaultConfig(), getenv)
+}
+
+// ApplyEnv is ConfigFromEnv over base instead of the defaults: base
+// changed by the seed variables, then by XSEG_CONF. A program that wants a
+// default of its own (say, Shareable) sets it in base, and the
+// environment still has the last word. On an error it returns base.
+func ApplyEnv(base Config, getenv func(string) string) (Config, error) {
+	c := base
 	for _, env := range []string{"OOM_MAX_RETRIES", "OOM_DELAY_MS", "OOM_SIZE_FACTOR", "OOM_VERBOSE"} {
 		if v := strings.TrimSpace(getenv(env)); v != "" {
 			if err := setKey(&c, env, v); err != nil {
-				return DefaultConfig(), fmt.Errorf("environment %s: %w", env, err)
+				return base, fmt.Errorf("environment %s: %w", env, err)
 			}
 		}
 	}
 	c, err := ParseConfig(c, getenv("XSEG_CONF"))
 	if err != nil {
-		return DefaultConfig(), fmt.Errorf("environment XSEG_CONF: %w", err)
+		return base, fmt.Errorf("environment XSEG_CONF: %w", err)
 	}
 	return c, nil
 }

@@ -1,6 +1,7 @@
-package core
+package spec
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -137,4 +138,65 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("%q: pages of %d and %d bytes", s, c.SmallPageSize, c.LargePageSize)
 		}
 	})
+}
+
+// Issue 15 item 10: oom_max_retries is bounded.
+func TestOOMMaxRetriesBounded(t *testing.T) {
+	c, err := ParseConfig(DefaultConfig(), "oom_max_retries:1000")
+	require.NoError(t, err)
+	require.Equal(t, MaxOOMRetries, c.OOMMaxRetries)
+	_, err = ParseConfig(DefaultConfig(), "oom_max_retries:1001")
+	require.ErrorContains(t, err, "oom_max_retries")
+	c = DefaultConfig()
+	c.OOMMaxRetries = math.MaxInt
+	require.Error(t, c.Validate())
+}
+
+// ApplyEnv keeps a caller's default unless the environment overrides it,
+// and returns the base unchanged on an error.
+func TestApplyEnv(t *testing.T) {
+	base := DefaultConfig()
+	base.Shareable = true
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+	c, err := ApplyEnv(base, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, base, c)
+
+	c, err = ApplyEnv(base, env(map[string]string{"OOM_MAX_RETRIES": "4", "XSEG_CONF": "page_cache_mb:0"}))
+	require.NoError(t, err)
+	require.True(t, c.Shareable, "the base's default stays")
+	require.Equal(t, 4, c.OOMMaxRetries)
+	require.Zero(t, c.PageCacheBytes)
+
+	c, err = ApplyEnv(base, env(map[string]string{"XSEG_CONF": "shareable:false"}))
+	require.NoError(t, err)
+	require.False(t, c.Shareable, "the environment has the last word")
+
+	c, err = ApplyEnv(base, env(map[string]string{"XSEG_CONF": "oom_max_retries:2,bogus:1"}))
+	require.ErrorContains(t, err, "environment XSEG_CONF: config: unknown key \"bogus\"")
+	require.Equal(t, base, c, "an error returns the base")
+	c, err = ApplyEnv(base, env(map[string]string{"OOM_DELAY_MS": "soon"}))
+	require.ErrorContains(t, err, "environment OOM_DELAY_MS")
+	require.Equal(t, base, c)
+
+	d, err := ConfigFromEnv(env(map[string]string{"XSEG_CONF": "shareable:true"}))
+	require.NoError(t, err)
+	require.True(t, d.Shareable)
+	require.Equal(t, DefaultConfig().LargePageSize, d.LargePageSize)
+}
+
+// Stat.Add keeps PyTorch's meanings for both signs.
+func TestStatAdd(t *testing.T) {
+	var s PoolStat
+	s.Add(Small, 10)
+	s.Add(Large, 5)
+	s.Add(Small, -4)
+	require.Equal(t, Stat{Current: 6, Peak: 10, Allocated: 10, Freed: 4}, s.Small)
+	require.Equal(t, Stat{Current: 5, Peak: 5, Allocated: 5}, s.Large)
+	require.Equal(t, Stat{Current: 11, Peak: 15, Allocated: 15, Freed: 4}, s.All)
+	s.ResetPeak()
+	require.Equal(t, int64(11), s.All.Peak)
+	require.Equal(t, "small", Small.String())
+	require.Equal(t, "large", Large.String())
 }

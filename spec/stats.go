@@ -1,4 +1,4 @@
-package core
+package spec
 
 // Stat is one counter with PyTorch's meanings: Current and Peak values, and
 // the totals ever added (Allocated) and taken away (Freed).
@@ -11,26 +11,15 @@ type Stat struct {
 
 // Add changes the counter by n (negative to take away) and keeps the peak.
 func (s *Stat) Add(n int64) {
-	if n >= 0 {
-		s.up(n)
-	} else {
-		s.down(-n)
-	}
-}
-
-// up adds n >= 0: Add without the sign test.
-func (s *Stat) up(n int64) {
 	s.Current += n
+	if n < 0 {
+		s.Freed -= n
+		return
+	}
 	s.Allocated += n
 	if s.Current > s.Peak {
 		s.Peak = s.Current
 	}
-}
-
-// down takes n >= 0 away: Add without the sign and peak tests.
-func (s *Stat) down(n int64) {
-	s.Current -= n
-	s.Freed += n
 }
 
 // ResetPeak makes the peak the current value.
@@ -49,7 +38,9 @@ type PoolStat struct {
 type Pool int
 
 const (
+	// Small is the pool of requests up to Config.SmallLimit.
 	Small Pool = iota
+	// Large is the pool of the other requests.
 	Large
 )
 
@@ -60,33 +51,15 @@ func (p Pool) String() string {
 	return "large"
 }
 
-// Add changes the counter of pool p and of all pools by n.
+// Add changes the counter of pool p and of all pools by n (negative to
+// take away).
 func (s *PoolStat) Add(p Pool, n int64) {
-	if n >= 0 {
-		s.up(p, n)
-	} else {
-		s.down(p, -n)
-	}
-}
-
-// pool is the counter of pool p.
-func (s *PoolStat) pool(p Pool) *Stat {
+	s.All.Add(n)
 	if p == Small {
-		return &s.Small
+		s.Small.Add(n)
+	} else {
+		s.Large.Add(n)
 	}
-	return &s.Large
-}
-
-// up adds n >= 0 to the counter of all pools and to p's.
-func (s *PoolStat) up(p Pool, n int64) {
-	s.All.up(n)
-	s.pool(p).up(n)
-}
-
-// down takes n >= 0 away from the counter of all pools and from p's.
-func (s *PoolStat) down(p Pool, n int64) {
-	s.All.down(n)
-	s.pool(p).down(n)
 }
 
 // ResetPeak resets the peaks of all three counters.
