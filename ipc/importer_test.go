@@ -54,6 +54,17 @@ type uncomparable struct {
 	_ []byte
 }
 
+// uncomparableIPC is uncomparable over a driver with CUDA IPC of plain
+// allocations, which it keeps (an embedded vmm.Driver alone would hide it).
+type uncomparableIPC struct {
+	uncomparable
+	vmm.AllocIPC
+}
+
+func newUncomparableIPC(f *fakeIPC) uncomparableIPC {
+	return uncomparableIPC{uncomparable{Driver: f}, f}
+}
+
 // TestImporterSharesWhatOpensThroughIt: Opens of one descriptor through
 // one Importer share one mapping, whatever the driver's type; two
 // Importers on one driver share nothing.

@@ -105,7 +105,7 @@ func TestCUDAIPCOpensOncePerHandle(t *testing.T) {
 
 	own, err := s1.MarshalBinary()
 	require.NoError(t, err)
-	im := NewImporter(uncomparable{Driver: f})
+	im := NewImporter(newUncomparableIPC(f))
 	_, err = im.Open(context.Background(), own, 0, OpenOptions{})
 	require.ErrorIs(t, err, ErrOwnIPCHandle)
 	require.Equal(t, 0, f.opens, "refused before the driver is asked")
