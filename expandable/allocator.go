@@ -41,12 +41,9 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 		return nil, fmt.Errorf("expandable: device %d (%s) has no virtual memory management: %w", dev, info.Name, vmm.ErrNotSupported)
 	}
 	g := info.Granularity
-	for _, c := range []struct {
-		key  string
-		size uint64
-	}{{"small_page_mb", cfg.SmallPageSize}, {"large_page_mb", cfg.LargePageSize}} {
-		if g == 0 || c.size == 0 || c.size%g != 0 {
-			return nil, fmt.Errorf("expandable: %s: page size %d is not a multiple of the device's granularity %d: %w", c.key, c.size, g, vmm.ErrInvalid)
+	for _, c := range cfg.PoolClasses() {
+		if g == 0 || c.PageSize == 0 || c.PageSize%g != 0 {
+			return nil, fmt.Errorf("expandable: %s: page size %d is not a multiple of the device's granularity %d: %w", c.PageKey, c.PageSize, g, vmm.ErrInvalid)
 		}
 	}
 	p := &pages{d: d, dev: dev, cfg: cfg, total: info.TotalMemory, rw: vmm.ReadWrite(dev)}

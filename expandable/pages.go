@@ -26,9 +26,9 @@ type pages struct {
 	types vmm.HandleType   // what new pages can be exported as
 	rw    []vmm.AccessDesc // the owner's access: read-write for dev
 
-	cache      [2][]vmm.Handle // unmapped pages kept for reuse, by pool
-	cacheBytes [2]uint64
-	stuckBytes [2]uint64 // the pages of every segment's stuck runs, by pool
+	cache      [core.NumPools][]vmm.Handle // unmapped pages kept for reuse, by pool
+	cacheBytes [core.NumPools]uint64
+	stuckBytes [core.NumPools]uint64 // the pages of every segment's stuck runs, by pool
 
 	mu struct {
 		sync.Mutex
@@ -55,10 +55,7 @@ type segPages struct {
 var _ core.Backing = (*pages)(nil)
 
 func (p *pages) pageSize(pool core.Pool) uint64 {
-	if pool == core.Small {
-		return p.cfg.SmallPageSize
-	}
-	return p.cfg.LargePageSize
+	return p.cfg.PageSize(pool)
 }
 
 // NewSegment reserves size bytes, the address space the core sizes for

@@ -40,12 +40,9 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 	if err != nil {
 		return nil, fmt.Errorf("fallback: device %d: %w", dev, err)
 	}
-	for _, c := range []struct {
-		key  string
-		size uint64
-	}{{"small_page_mb", cfg.SmallPageSize}, {"large_page_mb", cfg.LargePageSize}} {
-		if c.size == 0 || c.size%core.MinBlock != 0 {
-			return nil, fmt.Errorf("fallback: %s: segment size %d is not a positive multiple of %d: %w", c.key, c.size, core.MinBlock, vmm.ErrInvalid)
+	for _, c := range cfg.PoolClasses() {
+		if c.PageSize == 0 || c.PageSize%core.MinBlock != 0 {
+			return nil, fmt.Errorf("fallback: %s: segment size %d is not a positive multiple of %d: %w", c.PageKey, c.PageSize, core.MinBlock, vmm.ErrInvalid)
 		}
 	}
 	s := &segments{d: d, dev: dev, cfg: cfg}

@@ -34,27 +34,21 @@ var _ core.ReleasePolicer = (*segments)(nil)
 
 // SegmentSize is the size of the segment the fallback allocator makes for
 // a request of size bytes that no cached block can serve, as PyTorch's
-// native allocator sizes them: requests up to cfg.SmallLimit (1 MiB by
-// default) get a small segment of cfg.SmallPageSize (2 MiB); larger
-// requests below half of cfg.LargePageSize (10 MiB) share a large segment
-// of cfg.LargePageSize (20 MiB); larger ones get a segment of their own,
-// rounded up to cfg.SmallPageSize.
+// native allocator sizes them: a request below half of its pool's page
+// size shares a segment of that size (small requests, up to cfg.SmallLimit
+// = 1 MiB by default, a 2 MiB one; large ones below 10 MiB a 20 MiB one);
+// a larger one gets a segment of its own, rounded up to the first pool's
+// page size (2 MiB).
 func SegmentSize(cfg Config, size uint64) uint64 {
-	pool := core.Large
-	if core.RoundSize(size) <= cfg.SmallLimit {
-		pool = core.Small
-	}
-	return segmentSize(cfg, pool, core.RoundSize(size))
+	rs := core.RoundSize(size)
+	return segmentSize(cfg, cfg.PoolOf(rs), rs)
 }
 
 func segmentSize(cfg core.Config, pool core.Pool, size uint64) uint64 {
-	switch {
-	case pool == core.Small:
-		return max(cfg.SmallPageSize, roundUp(size, cfg.SmallPageSize))
-	case size < cfg.LargePageSize/2:
-		return cfg.LargePageSize
+	if ps := cfg.PageSize(pool); size < ps/2 {
+		return ps
 	}
-	return roundUp(size, cfg.SmallPageSize)
+	return roundUp(size, cfg.PoolClasses()[0].PageSize)
 }
 
 // NewSegment makes one plain allocation for the segment: none ->

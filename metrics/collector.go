@@ -94,17 +94,20 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	st := c.src.Stats()
 	for _, m := range c.pools {
 		ps := m.get(&st)
-		ch <- prometheus.MustNewConstMetric(m.cur, prometheus.GaugeValue, float64(ps.Small.Current), "small")
-		ch <- prometheus.MustNewConstMetric(m.cur, prometheus.GaugeValue, float64(ps.Large.Current), "large")
-		ch <- prometheus.MustNewConstMetric(m.peak, prometheus.GaugeValue, float64(ps.Small.Peak), "small")
-		ch <- prometheus.MustNewConstMetric(m.peak, prometheus.GaugeValue, float64(ps.Large.Peak), "large")
+		for _, p := range spec.Pools() {
+			ch <- prometheus.MustNewConstMetric(m.cur, prometheus.GaugeValue, float64(ps.Of(p).Current), p.String())
+		}
+		for _, p := range spec.Pools() {
+			ch <- prometheus.MustNewConstMetric(m.peak, prometheus.GaugeValue, float64(ps.Of(p).Peak), p.String())
+		}
 		ch <- prometheus.MustNewConstMetric(m.peak, prometheus.GaugeValue, float64(ps.All.Peak), "all")
 	}
 	for _, m := range c.counters {
 		if m.pool != nil {
 			ps := m.pool(&st)
-			ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, float64(ps.Small.Allocated), "small")
-			ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, float64(ps.Large.Allocated), "large")
+			for _, p := range spec.Pools() {
+				ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, float64(ps.Of(p).Allocated), p.String())
+			}
 			continue
 		}
 		ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, m.get(&st))

@@ -44,29 +44,19 @@ const (
 	Large
 )
 
-func (p Pool) String() string {
-	if p == Small {
-		return "small"
-	}
-	return "large"
-}
-
 // Add changes the counter of pool p and of all pools by n (negative to
 // take away).
 func (s *PoolStat) Add(p Pool, n int64) {
 	s.All.Add(n)
-	if p == Small {
-		s.Small.Add(n)
-	} else {
-		s.Large.Add(n)
-	}
+	s.Of(p).Add(n)
 }
 
-// ResetPeak resets the peaks of all three counters.
+// ResetPeak resets the peaks of all the counters.
 func (s *PoolStat) ResetPeak() {
 	s.All.ResetPeak()
-	s.Small.ResetPeak()
-	s.Large.ResetPeak()
+	for _, p := range Pools() {
+		s.Of(p).ResetPeak()
+	}
 }
 
 // Stats are an allocator's statistics, with the meanings of PyTorch's
@@ -112,7 +102,9 @@ type Stats struct {
 // and peak values stay.
 func (s *Stats) ResetAccumulated() {
 	for _, p := range []*PoolStat{&s.AllocatedBytes, &s.ReservedBytes, &s.ActiveBytes, &s.RequestedBytes, &s.Allocations, &s.ActiveBlocks, &s.Segments} {
-		for _, st := range []*Stat{&p.All, &p.Small, &p.Large} {
+		p.All.Allocated, p.All.Freed = 0, 0
+		for _, pool := range Pools() {
+			st := p.Of(pool)
 			st.Allocated, st.Freed = 0, 0
 		}
 	}

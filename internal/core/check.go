@@ -1,6 +1,10 @@
 package core
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/xseg-dev/xseg/spec"
+)
 
 // checkLocked verifies the Heap's books and panics on the first violation:
 // blocks tile each segment in address order without overlap, holes are
@@ -16,13 +20,13 @@ func (h *Heap) checkLocked() {
 }
 
 type tally struct {
-	alloc, active, requested, allocs, actives [2]int64
+	alloc, active, requested, allocs, actives [NumPools]int64
 	blocks                                    int
 }
 
 func (h *Heap) verifyLocked() error {
 	var t tally
-	var mapped [2]uint64
+	var mapped [NumPools]uint64
 	for _, st := range h.mu.states {
 		if err := h.verifyState(st, &t); err != nil {
 			return err
@@ -38,7 +42,7 @@ func (h *Heap) verifyLocked() error {
 		return fmt.Errorf("mapped bytes %v, segments say %v", h.mu.mapped, mapped)
 	}
 	s := &h.mu.stats
-	for p := Small; p <= Large; p++ {
+	for _, p := range spec.Pools() {
 		got := [5]int64{pick(&s.AllocatedBytes, p), pick(&s.ActiveBytes, p), pick(&s.RequestedBytes, p), pick(&s.Allocations, p), pick(&s.ActiveBlocks, p)}
 		want := [5]int64{t.alloc[p], t.active[p], t.requested[p], t.allocs[p], t.actives[p]}
 		if got != want {
@@ -52,10 +56,7 @@ func (h *Heap) verifyLocked() error {
 }
 
 func pick(s *PoolStat, p Pool) int64 {
-	if p == Small {
-		return s.Small.Current
-	}
-	return s.Large.Current
+	return s.Of(p).Current
 }
 
 func (h *Heap) verifyState(st *state, t *tally) error {

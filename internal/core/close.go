@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	"github.com/xseg-dev/xseg/spec"
 )
 
 // Close waits for the work queued on the segments' streams, frees the
@@ -57,7 +59,12 @@ func (h *Heap) heldNothingLocked() bool {
 			return false
 		}
 	}
-	return h.back.CachedBytes(Small) == 0 && h.back.CachedBytes(Large) == 0 && len(h.mu.events) == 0
+	for _, p := range spec.Pools() {
+		if h.back.CachedBytes(p) != 0 {
+			return false
+		}
+	}
+	return len(h.mu.events) == 0
 }
 
 // closeSegmentLocked frees every block of seg, unmaps its mapped pages and

@@ -3,6 +3,7 @@ package core
 import (
 	"fmt"
 
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -163,15 +164,9 @@ func (h *Heap) addMappedLocked(seg *Seg, n int64) {
 // syncReservedLocked sets ReservedBytes to the mapped bytes plus the pages
 // the Backing caches, per pool.
 func (h *Heap) syncReservedLocked() {
-	for p := Small; p <= Large; p++ {
+	for _, p := range spec.Pools() {
 		want := int64(h.mu.mapped[p] + h.back.CachedBytes(p))
-		var cur int64
-		if p == Small {
-			cur = h.mu.stats.ReservedBytes.Small.Current
-		} else {
-			cur = h.mu.stats.ReservedBytes.Large.Current
-		}
-		if want != cur {
+		if cur := h.mu.stats.ReservedBytes.Of(p).Current; want != cur {
 			h.mu.stats.ReservedBytes.Add(p, want-cur)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/btree"
 
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -29,6 +30,9 @@ type Heap struct {
 	// release is the Backing's ReleasePolicy (the zero value if it has
 	// none).
 	release ReleasePolicy
+	// classes are cfg's shared pools (Config.PoolClasses), kept for the
+	// allocation path.
+	classes [NumPools]spec.PoolClass
 	// done is closed by Close (under mu, see wakeLocked): an allocation
 	// sleeping in the OOM backoff, without the lock, wakes on it.
 	done chan struct{}
@@ -37,12 +41,12 @@ type Heap struct {
 		sync.Mutex
 		closed  bool
 		states  map[stateKey]*state
-		def     [2]*state // the states of stream 0, by pool
+		def     [NumPools]*state // the states of stream 0, by pool
 		blocks  map[vmm.DevicePtr]*block
 		spare   *block // recycled block structs, through next
 		nodes   *btree.FreeListG[*block]
 		stats   Stats
-		mapped  [2]uint64 // bytes mapped, by pool
+		mapped  [NumPools]uint64 // bytes mapped, by pool
 		pending []pendingEvent
 		events  []vmm.Event // recorded and completed, for reuse
 		freed   chan struct{}
@@ -76,13 +80,14 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 		log = slog.New(slog.DiscardHandler)
 	}
 	h := &Heap{drv: d, dev: dev, back: b, cfg: cfg, limit: limit, log: log, done: make(chan struct{})}
+	h.classes = cfg.PoolClasses()
 	if rp, ok := b.(ReleasePolicer); ok {
 		h.release = rp.ReleasePolicy()
 	}
 	h.mu.states = make(map[stateKey]*state)
 	h.mu.blocks = make(map[vmm.DevicePtr]*block)
 	h.mu.nodes = btree.NewFreeListG[*block](1024)
-	for p := Small; p <= Large; p++ {
+	for _, p := range spec.Pools() {
 		h.mu.def[p] = h.stateLocked(0, p)
 	}
 	return h, nil
@@ -101,10 +106,7 @@ func (h *Heap) wholePages(rs uint64, p Pool) uint64 {
 	if !h.cfg.WholePages {
 		return rs
 	}
-	ps := h.cfg.LargePageSize
-	if p == Small {
-		ps = h.cfg.SmallPageSize
-	}
+	ps := h.classes[p].PageSize
 	if r := roundUp(rs, ps); r >= rs {
 		return r
 	}
@@ -112,10 +114,12 @@ func (h *Heap) wholePages(rs uint64, p Pool) uint64 {
 }
 
 func (h *Heap) PoolOf(size uint64) Pool {
-	if size <= h.cfg.SmallLimit {
-		return Small
+	for _, c := range h.classes[:NumPools-1] {
+		if size <= c.MaxRequest {
+			return c.Pool
+		}
 	}
-	return Large
+	return h.classes[NumPools-1].Pool
 }
 
 func (h *Heap) stateLocked(s vmm.Stream, p Pool) *state {

@@ -143,7 +143,11 @@ func (h *Heap) ReleaseFloor() uint64 {
 // those the release threshold may unmap (private pools keep theirs). The
 // free blocks of a state are its mapped bytes less its active ones.
 func (h *Heap) freeMappedLocked() int64 {
-	n := int64(h.mu.mapped[Small]+h.mu.mapped[Large]) - h.mu.stats.ActiveBytes.All.Current
+	var n int64
+	for _, m := range h.mu.mapped {
+		n += int64(m)
+	}
+	n -= h.mu.stats.ActiveBytes.All.Current
 	for _, pp := range h.mu.pools {
 		for _, st := range pp.states {
 			n -= int64(st.freeBytes)

@@ -28,6 +28,7 @@ const (
 	TiB               = spec.TiB
 	Small             = spec.Small
 	Large             = spec.Large
+	NumPools          = spec.NumPools
 	MaxOOMRetries     = spec.MaxOOMRetries
 	MaxHistoryEntries = spec.MaxHistoryEntries
 

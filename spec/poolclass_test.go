@@ -1,0 +1,59 @@
+package spec
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestPoolClasses: the classes are in matching order, PoolOf sends a
+// request to the first class it fits, each class's page size and key come
+// from the config, and every pool has a counter of its own under its
+// PyTorch name.
+func TestPoolClasses(t *testing.T) {
+	c := DefaultConfig()
+	c.SmallLimit = 512 * KiB
+	c.LargePageSize = 40 * MiB
+	classes := c.PoolClasses()
+	require.Len(t, classes, NumPools)
+	for i, pc := range classes {
+		require.Equal(t, Pool(i), pc.Pool, "class %d is pool %d", i, i)
+		require.Equal(t, pc.PageSize, c.PageSize(pc.Pool))
+		require.NotEmpty(t, pc.PageKey)
+		_, err := ParseConfig(c, pc.PageKey+":4")
+		require.NoError(t, err, "%s is a configuration key", pc.PageKey)
+	}
+	require.Zero(t, classes[NumPools-1].MaxRequest, "the last class takes the rest")
+	require.Equal(t, uint64(40*MiB), c.PageSize(Large))
+	require.Equal(t, Small, c.PoolOf(512*KiB))
+	require.Equal(t, Large, c.PoolOf(512*KiB+512))
+	require.Equal(t, Large, c.PoolOf(1<<40))
+
+	var s PoolStat
+	for i, p := range Pools() {
+		s.Add(p, int64(i+1)*10)
+	}
+	require.Equal(t, int64(10), s.Small.Current)
+	require.Equal(t, int64(20), s.Large.Current)
+	require.Equal(t, int64(30), s.All.Current)
+	s.Add(Large, -20)
+	s.ResetPeak()
+	require.Equal(t, int64(0), s.Large.Peak, "ResetPeak reaches every pool")
+	b, err := json.Marshal(s)
+	require.NoError(t, err)
+	for _, p := range Pools() {
+		require.Contains(t, string(b), `"`+p.String()+`_pool"`, "PyTorch's key for %v", p)
+	}
+}
+
+// TestUnknownPool: a pool outside the classes has no counter and no name
+// of a real pool; it panics rather than count as another pool.
+func TestUnknownPool(t *testing.T) {
+	bad := Pool(NumPools)
+	require.Equal(t, "Pool(2)", bad.String())
+	require.Equal(t, "Pool(-1)", Pool(-1).String())
+	var s PoolStat
+	require.Panics(t, func() { s.Add(bad, 1) })
+	require.Panics(t, func() { DefaultConfig().PageSize(bad) })
+}
