@@ -40,9 +40,3 @@ func probeFailure(call string, err error) probeResult {
 	}
 	return probeResult{Status: probeUnknown, Detail: fmt.Sprintf("%s: %v", call, err)}
 }
-
-// isTerminal reports whether f is a terminal.
-func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
-}
