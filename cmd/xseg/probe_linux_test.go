@@ -13,7 +13,8 @@ func TestProbePidfdGetfd(t *testing.T) {
 	if p.Status == probeNo && strings.Contains(p.Detail, "ENOSYS") {
 		t.Skipf("kernel without pidfd_getfd: %s", p.Detail)
 	}
-	// Development and CI machines allow it (DESIGN.md, facts).
+	// Development and CI machines allow it (a process may take its own
+	// descriptors).
 	require.Equal(t, probeYes, p.Status, p.Detail)
 }
 
