@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/xseg-dev/xseg/bytesize"
 	"github.com/xseg-dev/xseg/expandable"
 	"github.com/xseg-dev/xseg/vmm"
 )
@@ -63,10 +64,10 @@ func (r *result) line(c config, name string) string {
 	}
 	check := "not checked"
 	if r.checked > 0 {
-		check = fmt.Sprintf("kept (%s copied back and checked)", human(r.checked))
+		check = fmt.Sprintf("kept (%s copied back and checked)", bytesize.Format(r.checked))
 	}
 	return fmt.Sprintf("%-26s address kept: %v, data %s\n%26s per grow: mean %.1f us, first %s %.1f us, last %s %.1f us, max %.1f us; all grows %.1f ms%s",
-		name, r.addrKept, check, "", r.mean(), human(window(c)), r.head.mean(), human(window(c)), r.tail.mean(),
+		name, r.addrKept, check, "", r.mean(), bytesize.Format(window(c)), r.head.mean(), bytesize.Format(window(c)), r.tail.mean(),
 		float64(most.Nanoseconds())/1e3, float64(total.Microseconds())/1e3, r.parts)
 }
 
@@ -92,7 +93,7 @@ func growBufferSteps(d vmm.Driver, b *expandable.Buffer, c config) (*result, err
 	for size := c.from; size < c.to; size += c.step {
 		t0 := time.Now()
 		if err := b.Grow(c.step); err != nil {
-			return nil, fmt.Errorf("growing %s by %s: %w", human(size), human(c.step), err)
+			return nil, fmt.Errorf("growing %s by %s: %w", bytesize.Format(size), bytesize.Format(c.step), err)
 		}
 		r.record(c, size+c.step, time.Since(t0))
 		r.addrKept = r.addrKept && b.Ptr() == ptr

@@ -20,6 +20,7 @@ import (
 	"os"
 
 	"github.com/xseg-dev/xseg"
+	"github.com/xseg-dev/xseg/bytesize"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -54,12 +55,12 @@ func run(args []string, out io.Writer) error {
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("growbuf", flag.ContinueOnError)
 	c := config{}
-	from, to, step := sizeFlag(1<<30), sizeFlag(16<<30), sizeFlag(2<<20)
+	from, to, step := bytesize.Flag(1<<30), bytesize.Flag(16<<30), bytesize.Flag(2<<20)
 	dev := fs.Int("device", 0, "device ordinal")
 	fs.TextVar(&c.backend, "backend", xseg.BackendAuto, "backend: auto, cuda or host")
-	fs.Var(&from, "from", "starting size (e.g. 1GiB)")
-	fs.Var(&to, "to", "final size (e.g. 16GiB)")
-	fs.Var(&step, "step", "bytes added by each grow (e.g. 2MiB)")
+	fs.Var(&from, "from", "starting size: "+bytesize.Syntax)
+	fs.Var(&to, "to", "final size: "+bytesize.Syntax)
+	fs.Var(&step, "step", "bytes added by each grow: "+bytesize.Syntax)
 	fs.BoolVar(&c.baseline, "baseline", true, "also measure allocate-copy-free growth")
 	fs.BoolVar(&c.verify, "verify", true, "copy the contents back at the end and check them")
 	if err := fs.Parse(args); err != nil {
@@ -79,7 +80,7 @@ func measure(d vmm.Driver, c config, out io.Writer) error {
 	}
 	steps := (c.to - c.from) / c.step
 	fmt.Fprintf(out, "growbuf: backend %s, device %d (%s), %s -> %s in %s steps (%d grows)\n",
-		d.Backend(), c.dev, info.Name, human(c.from), human(c.to), human(c.step), steps)
+		d.Backend(), c.dev, info.Name, bytesize.Format(c.from), bytesize.Format(c.to), bytesize.Format(c.step), steps)
 	b, err := growBuffer(d, c)
 	if err != nil {
 		return fmt.Errorf("expandable.Buffer: %w", err)
@@ -94,6 +95,6 @@ func measure(d vmm.Driver, c config, out io.Writer) error {
 	}
 	fmt.Fprintln(out, p.line(c, "MemAlloc+CopyDtoD+MemFree"))
 	fmt.Fprintf(out, "per grow, plain / buffer: %.1fx (mean), %.1fx (first %s), %.1fx (last %s)\n",
-		p.mean()/b.mean(), p.head.mean()/b.head.mean(), human(window(c)), p.tail.mean()/b.tail.mean(), human(window(c)))
+		p.mean()/b.mean(), p.head.mean()/b.head.mean(), bytesize.Format(window(c)), p.tail.mean()/b.tail.mean(), bytesize.Format(window(c)))
 	return nil
 }

@@ -46,5 +46,11 @@ func TestFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, uint64(7680), (c.to-c.from)/c.step)
 	_, err = parseFlags([]string{"-step", "2XiB"})
-	require.Error(t, err)
+	require.ErrorContains(t, err, `invalid value "2XiB" for flag -step: not a byte size`)
+	_, err = parseFlags([]string{"-step", "-2MiB"})
+	require.ErrorContains(t, err, "not a byte size: negative")
+	// The one syntax: spaces, lower case and plain bytes are read too.
+	c, err = parseFlags([]string{"-from", "1 gib", "-to", "2147483648", "-step", "512MiB"})
+	require.NoError(t, err)
+	require.Equal(t, config{backend: "auto", from: 1 << 30, to: 2 << 30, step: 512 << 20, baseline: true, verify: true}, c)
 }

@@ -38,16 +38,3 @@ func check(d vmm.Driver, base vmm.DevicePtr, size, step uint64) error {
 	}
 	return nil
 }
-
-// human formats a size in the largest binary unit that divides it.
-func human(n uint64) string {
-	for _, u := range []struct {
-		shift uint
-		name  string
-	}{{40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
-		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
-			return fmt.Sprintf("%d %s", n>>u.shift, u.name)
-		}
-	}
-	return fmt.Sprintf("%d B", n)
-}

@@ -29,8 +29,8 @@
 // else. The first xseg_malloc starts the library: it reads the
 // configuration (XSEG_CONF and its aliases, with the string of
 // xseg_configure applied on top), XSEG_BACKEND ("cuda" by default; "host"
-// for CI) and XSEG_HOST_CAPACITY (bytes, a multiple of 2 MiB), and opens the
-// driver. A failure to start is kept: every later xseg_malloc returns NULL
+// for CI) and XSEG_HOST_CAPACITY (a multiple of 2 MiB, written as xseg
+// replay's --capacity: 24GiB, 512MiB or plain bytes), and opens the driver. A failure to start is kept: every later xseg_malloc returns NULL
 // with the same reason, which xseg_last_error reports. A bad value of any of
 // these variables is such a failure, XSEG_LOG's included (the log then stays
 // off), as for XSEG_BACKEND: a typo is reported, not ignored. Each device

@@ -5,10 +5,10 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"strconv"
 	"strings"
 
 	xseg "github.com/xseg-dev/xseg"
+	"github.com/xseg-dev/xseg/bytesize"
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/host"
 )
@@ -18,9 +18,9 @@ import (
 const (
 	// envBackend selects the backend: "cuda" (the default) or "host".
 	envBackend = "XSEG_BACKEND"
-	// envHostCapacity is the host backend's capacity in bytes, a multiple
-	// of its 2 MiB page (default: the host backend's own,
-	// host.DefaultCapacity).
+	// envHostCapacity is the host backend's capacity, a multiple of its
+	// 2 MiB page, in package bytesize's syntax: 24GiB, 512MiB or plain
+	// bytes (default: the host backend's own, host.DefaultCapacity).
 	envHostCapacity = "XSEG_HOST_CAPACITY"
 	// envLog is the log level: off (the default), error, warn, info, debug.
 	envLog = "XSEG_LOG"
@@ -43,10 +43,9 @@ func backendFromEnv(getenv func(string) string) (backend xseg.Backend, capacity 
 	if s := strings.TrimSpace(getenv(envHostCapacity)); s != "" {
 		// Checked here, with the unit, rather than failing later as a
 		// backend that does not open.
-		capacity, err = strconv.ParseUint(s, 0, 64)
-		if err != nil || capacity == 0 || capacity%host.DefaultGranularity != 0 {
-			return "", 0, fmt.Errorf("%s=%q: want a positive number of bytes, a multiple of 2 MiB (%d): %w",
-				envHostCapacity, s, host.DefaultGranularity, vmm.ErrInvalid)
+		capacity, err = bytesize.ParseMultiple(s, host.DefaultGranularity, "the granularity")
+		if err != nil {
+			return "", 0, fmt.Errorf("%s=%q: %w: %w", envHostCapacity, bounded(s), err, vmm.ErrInvalid)
 		}
 	}
 	return backend, capacity, nil
@@ -73,4 +72,13 @@ func parseLevel(s string) (slog.Level, error) {
 // newLogger writes text records at or above level to standard error.
 func newLogger(level *slog.LevelVar) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// bounded is s cut to 64 bytes, for an error text that quotes a value read
+// from the environment.
+func bounded(s string) string {
+	if len(s) <= 64 {
+		return s
+	}
+	return s[:64] + "..."
 }

@@ -290,18 +290,32 @@ func TestLibraryBadLogLevelFailsFirstUse(t *testing.T) {
 // (set XSEG_BACKEND=host ...)" with XSEG_BACKEND=host already set. The
 // capacity is checked with its unit; the hint is for CUDA only.
 func TestLibraryHostCapacityMessage(t *testing.T) {
-	for _, s := range []string{"1000", "0", "-5", "3145728", "lots"} {
+	for s, want := range map[string]string{
+		"1000":    "1000 bytes is not a multiple of the granularity 2 MiB; did you mean 1000GiB?",
+		"0":       "want a positive multiple of the granularity 2 MiB",
+		"-5":      "not a byte size: negative",
+		"3145728": "3145728 bytes is not a multiple of the granularity 2 MiB",
+		"3MiB":    "3145728 bytes is not a multiple of the granularity 2 MiB",
+		"lots":    "not a byte size (want a number of bytes with an optional unit, e.g. 24GiB, 512MiB or 1000000)",
+		// One syntax with the command line's --capacity: no hexadecimal.
+		"0x40000000": "not a byte size",
+	} {
 		_, _, err := backendFromEnv(env{envBackend: "host", envHostCapacity: s}.get)
 		require.ErrorIs(t, err, vmm.ErrInvalid, s)
-		require.ErrorContains(t, err, `XSEG_HOST_CAPACITY="`+s+`": want a positive number of bytes, a multiple of 2 MiB (2097152)`)
+		require.ErrorContains(t, err, `XSEG_HOST_CAPACITY="`+s+`": `+want, s)
 	}
-	_, c, err := backendFromEnv(env{envBackend: "host", envHostCapacity: "0x40000000"}.get)
-	require.NoError(t, err)
-	require.Equal(t, uint64(1<<30), c)
+	for s, want := range map[string]uint64{"1073741824": 1 << 30, "1GiB": 1 << 30, " 512 MiB ": 512 << 20} {
+		_, c, err := backendFromEnv(env{envBackend: "host", envHostCapacity: s}.get)
+		require.NoError(t, err, s)
+		require.Equal(t, want, c, s)
+	}
+	_, _, err := backendFromEnv(env{envBackend: "host", envHostCapacity: strings.Repeat("9", 1<<20)}.get)
+	require.ErrorContains(t, err, "...")
+	require.Less(t, len(err.Error()), 300, "the value is quoted cut short")
 
 	l := newLibrary(env{envBackend: "host", envHostCapacity: "1000"}.get, xseg.OpenDriver)
 	_, err = l.malloc(100, 0, 0)
-	require.ErrorContains(t, err, "multiple of 2 MiB")
+	require.ErrorContains(t, err, "multiple of the granularity 2 MiB")
 	require.NotContains(t, err.Error(), "set XSEG_BACKEND=host")
 
 	// A host backend that fails to open gets no hint either.

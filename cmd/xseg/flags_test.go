@@ -4,29 +4,53 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/xseg-dev/xseg/bytesize"
 )
 
-func TestParseBytes(t *testing.T) {
-	for in, want := range map[string]uint64{
-		"0":         0,
-		"1000":      1000,
-		"141GiB":    141 << 30,
-		"141 gib":   141 << 30,
-		"24G":       24 << 30,
-		"2MiB":      2 << 20,
-		"1.5TB":     1.5e12,
-		"0.5KiB":    512,
-		"10b":       10,
-		"3tib":      3 << 40,
-		"16777216k": 16 << 30,
-	} {
-		got, err := parseBytes(in)
-		require.NoError(t, err, in)
-		require.Equal(t, want, got, in)
+func TestCapacityFlag(t *testing.T) {
+	var c capacityFlag
+	require.Equal(t, "0", c.String(), "not given: pflag shows no default")
+	for _, v := range []struct {
+		in   string
+		want uint64
+	}{{"24GiB", 24 << 30}, {"512 MiB", 512 << 20}, {"2097152", 2 << 20}, {"1.5GiB", 3 << 29}} {
+		require.NoError(t, c.Set(v.in), v.in)
+		require.Equal(t, v.want, uint64(c), v.in)
 	}
-	for _, in := range []string{"", "GiB", "-1", "12XB", "1e9", "18446744073709551616", "17179869184GiB", "1.2.3G", "nan"} {
-		_, err := parseBytes(in)
-		require.Error(t, err, in)
+	require.Equal(t, "1.5 GiB", c.String())
+	for in, want := range map[string]string{
+		"24":    "24 bytes is not a multiple of the granularity 2 MiB; did you mean 24GiB?",
+		"3MiB":  "3145728 bytes is not a multiple of the granularity 2 MiB",
+		"24G":   "24000000000 bytes is not a multiple of the granularity 2 MiB",
+		"0":     "want a positive multiple of the granularity 2 MiB",
+		"-1GiB": "not a byte size: negative",
+		"lots":  "not a byte size (want " + bytesize.Syntax + ")",
+	} {
+		require.EqualError(t, c.Set(in), want, in)
+		require.Equal(t, uint64(3<<29), uint64(c), "a bad value changes nothing")
+	}
+}
+
+// TestFlagErrorsNameTheFlag: a bad value is reported as "--flag value:
+// what is wrong", once prefixed, without the usage text.
+func TestFlagErrorsNameTheFlag(t *testing.T) {
+	tr := writeTrace(t, "a.trace", synthetic)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"replay", "--capacity", "24", tr}, "xseg: --capacity 24: 24 bytes is not a multiple of the granularity 2 MiB; did you mean 24GiB?"},
+		{[]string{"replay", "--capacity", "lots", tr}, "xseg: --capacity lots: not a byte size (want " + bytesize.Syntax + ")"},
+		{[]string{"info", "--capacity", "-2GiB"}, "xseg: --capacity -2GiB: not a byte size: negative"},
+		{[]string{"replay", "--backend", "rocm", tr}, `xseg: --backend rocm: "rocm" is not one of auto, host, cuda`},
+		{[]string{"replay", "--backend", "host", "--device", "3", tr}, "xseg: --device 3: the host backend has 1 device, ordinal 0: invalid argument"},
+		{[]string{"replay", "--backend", "host", "--device", "-1", tr}, "xseg: --device -1: the host backend has 1 device, ordinal 0: invalid argument"},
+	} {
+		_, stderr, err := run(t, c.args...)
+		require.Error(t, err, c.args)
+		require.Equal(t, c.want, errorLine(err), c.args)
+		require.NotContains(t, stderr, "Usage:", c.args)
 	}
 }
 

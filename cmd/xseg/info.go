@@ -10,7 +10,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/xseg-dev/xseg"
+	"github.com/xseg-dev/xseg/bytesize"
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/host"
 )
 
 // probeStatus is a capability probe's answer (STYLE habit 4).
@@ -49,7 +51,11 @@ type cudaReport struct {
 
 // deviceReport describes one device of the chosen backend.
 type deviceReport struct {
-	Ordinal                int    `json:"ordinal"`
+	Ordinal int `json:"ordinal"`
+	// Simulated: the host backend's device, host memory that the
+	// allocator treats as a GPU's; its name, uuid and memory are made up
+	// (the memory is the configured capacity).
+	Simulated              bool   `json:"simulated"`
 	Name                   string `json:"name,omitempty"`
 	UUID                   string `json:"uuid,omitempty"`
 	TotalMemory            uint64 `json:"total_memory"`
@@ -71,6 +77,7 @@ type deviceReport struct {
 
 func newInfoCmd(stdout io.Writer) *cobra.Command {
 	asJSON := false
+	var capacity capacityFlag
 	backend := newEnum(xseg.BackendAuto, xseg.Backends()...)
 	allocator := newEnum(xseg.AllocatorAuto, xseg.AllocatorKinds()...)
 	cmd := &cobra.Command{
@@ -83,11 +90,13 @@ GPUDirect RDMA with VMM. It says which backend and, for each device, which
 allocator xseg.Open would choose, and why: expandable where the device
 supports VMM, fallback (plain allocations) where it does not, or the one
 --allocator forces. It also probes whether pidfd_getfd is permitted for
-this process here (yes, no with the errno, or unknown).`,
+this process here (yes, no with the errno, or unknown). The host backend's
+devices are simulated: host memory of the configured capacity (--capacity,
+default 141 GiB) that xseg treats as a GPU's.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cmd.SilenceUsage = true
-			rep, err := gatherInfo(backend.value, allocator.value)
+			rep, err := gatherInfo(backend.value, allocator.value, uint64(capacity))
 			if err != nil {
 				return err
 			}
@@ -101,17 +110,21 @@ this process here (yes, no with the errno, or unknown).`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	cmd.Flags().Var(backend, "backend", "backend to describe: auto (CUDA if it opens, else host), host or cuda")
+	cmd.Flags().Var(&capacity, "capacity", "memory of each host-backend device, a multiple of 2 MiB: "+bytesize.Syntax+" (default "+bytesize.Format(host.DefaultCapacity)+")")
 	cmd.Flags().Var(allocator, "allocator", "allocator to choose: auto (expandable where the device supports VMM, else fallback), expandable or fallback")
 	return cmd
 }
 
 // gatherInfo opens the backend and describes it, with the allocator
 // xseg.Open would choose for each device.
-func gatherInfo(backend xseg.Backend, allocator xseg.AllocatorKind) (*infoReport, error) {
+func gatherInfo(backend xseg.Backend, allocator xseg.AllocatorKind, hostCapacity uint64) (*infoReport, error) {
+	if hostCapacity != 0 && backend == xseg.BackendCUDA {
+		return nil, errors.New("--capacity sets the host backend's memory; it does not apply to --backend cuda")
+	}
 	rep := &infoReport{PidfdGetfd: probePidfdGetfd(), Devices: []deviceReport{}}
 	d, cudaErr := xseg.OpenDriver(xseg.BackendCUDA, 0)
 	if cudaErr != nil {
-		rep.CUDA.Reason = cudaErr.Error()
+		rep.CUDA.Reason = bare(cudaErr).Error()
 		if backend == xseg.BackendCUDA {
 			return nil, cudaErr
 		}
@@ -127,7 +140,7 @@ func gatherInfo(backend xseg.Backend, allocator xseg.AllocatorKind) (*infoReport
 	rep.BackendReason = backendReason(backend, rep.CUDA.Available)
 	if d == nil {
 		var err error
-		if d, err = xseg.OpenDriver(xseg.BackendHost, 0); err != nil {
+		if d, err = xseg.OpenDriver(xseg.BackendHost, hostCapacity); err != nil {
 			return nil, err
 		}
 	}
@@ -151,7 +164,7 @@ func describe(d vmm.Driver, rep *infoReport, allocator xseg.AllocatorKind) error
 	for i := range n {
 		r := describeDevice(d, vmm.Device(i))
 		if c, err := xseg.ChooseAllocator(d, vmm.Device(i), allocator); err != nil {
-			r.AllocatorError = err.Error()
+			r.AllocatorError = bare(err).Error()
 		} else {
 			r.Allocator, r.AllocatorReason = c.Allocator, c.Reason
 		}
@@ -161,7 +174,7 @@ func describe(d vmm.Driver, rep *infoReport, allocator xseg.AllocatorKind) error
 }
 
 func describeDevice(d vmm.Driver, dev vmm.Device) deviceReport {
-	r := deviceReport{Ordinal: int(dev)}
+	r := deviceReport{Ordinal: int(dev), Simulated: d.Backend() == "host"}
 	di, err := d.DeviceInfo(dev)
 	if err != nil {
 		r.Error = err.Error()
@@ -181,7 +194,11 @@ func describeDevice(d vmm.Driver, dev vmm.Device) deviceReport {
 // printInfo writes rep as aligned text.
 func printInfo(w io.Writer, rep *infoReport) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "backend:\t%s (%s)\n", rep.Backend, rep.BackendReason)
+	if rep.Backend == "host" {
+		fmt.Fprintf(tw, "backend:\thost: simulated GPUs on host memory (%s)\n", rep.BackendReason)
+	} else {
+		fmt.Fprintf(tw, "backend:\t%s (%s)\n", rep.Backend, rep.BackendReason)
+	}
 	if rep.CUDA.Available {
 		fmt.Fprintf(tw, "CUDA driver:\t%s\n", cudaVersion(rep.DriverVersion))
 	} else {
@@ -190,13 +207,7 @@ func printInfo(w io.Writer, rep *infoReport) error {
 	fmt.Fprintf(tw, "pidfd_getfd:\t%s (%s)\n", rep.PidfdGetfd.Status, rep.PidfdGetfd.Detail)
 	fmt.Fprintf(tw, "devices:\t%d\n", len(rep.Devices))
 	for _, dv := range rep.Devices {
-		fmt.Fprintf(tw, "device %d:\t%s\n", dv.Ordinal, dv.Name)
-		if dv.UUID != "" {
-			fmt.Fprintf(tw, "  uuid:\t%s\n", dv.UUID)
-		}
-		fmt.Fprintf(tw, "  memory:\t%s total, %s free\n", gib(dv.TotalMemory), gib(dv.FreeMemory))
-		fmt.Fprintf(tw, "  vmm:\t%s, granularity %s (recommended %s)\n",
-			yesNo(dv.VMM), mib(dv.Granularity), mib(dv.RecommendedGranularity))
+		printDevice(tw, dv)
 		fmt.Fprintf(tw, "  shareable handles:\tposix-fd %s, fabric %s\n", yesNo(dv.PosixFD), yesNo(dv.Fabric))
 		fmt.Fprintf(tw, "  GPUDirect RDMA with VMM:\t%s\n", yesNo(dv.RDMAWithVMM))
 		if dv.AllocatorError != "" {
@@ -209,6 +220,27 @@ func printInfo(w io.Writer, rep *infoReport) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// printDevice writes the name, uuid, memory and VMM lines of a device,
+// saying when it is the host backend's simulation.
+func printDevice(tw io.Writer, dv deviceReport) {
+	if dv.Simulated {
+		fmt.Fprintf(tw, "device %d:\t%s: simulated GPU on host memory\n", dv.Ordinal, dv.Name)
+		if dv.UUID != "" {
+			fmt.Fprintf(tw, "  uuid:\t%s (made up by the host backend)\n", dv.UUID)
+		}
+		fmt.Fprintf(tw, "  memory:\t%s total (the host backend's configured capacity), %s free\n",
+			bytesize.Format(dv.TotalMemory), bytesize.Format(dv.FreeMemory))
+	} else {
+		fmt.Fprintf(tw, "device %d:\t%s\n", dv.Ordinal, dv.Name)
+		if dv.UUID != "" {
+			fmt.Fprintf(tw, "  uuid:\t%s\n", dv.UUID)
+		}
+		fmt.Fprintf(tw, "  memory:\t%s total, %s free\n", bytesize.Format(dv.TotalMemory), bytesize.Format(dv.FreeMemory))
+	}
+	fmt.Fprintf(tw, "  vmm:\t%s, granularity %s (recommended %s)\n",
+		yesNo(dv.VMM), bytesize.Format(dv.Granularity), bytesize.Format(dv.RecommendedGranularity))
 }
 
 // backendReason says why gatherInfo describes the backend it does.
@@ -230,7 +262,3 @@ func yesNo(b bool) string {
 	}
 	return "no"
 }
-
-func gib(n uint64) string { return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30)) }
-
-func mib(n uint64) string { return fmt.Sprintf("%g MiB", float64(n)/(1<<20)) }

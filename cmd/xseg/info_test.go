@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"testing"
 
@@ -59,7 +61,7 @@ func TestInfoJSON(t *testing.T) {
 func TestInfoText(t *testing.T) {
 	out, _, err := run(t, "info", "--backend", "host")
 	require.NoError(t, err)
-	require.Regexp(t, `(?m)^backend: +host \(asked for\)$`, out)
+	require.Regexp(t, `(?m)^backend: +host: simulated GPUs on host memory \(asked for\)$`, out)
 	require.Regexp(t, `(?m)^CUDA driver: +`, out)
 	require.Regexp(t, `(?m)^pidfd_getfd: +(yes|no|unknown) \(`, out)
 	require.Regexp(t, `(?m)^  vmm: +yes, granularity 2 MiB \(recommended 2 MiB\)$`, out)
@@ -126,4 +128,38 @@ func TestInfoBadFlag(t *testing.T) {
 	require.ErrorContains(t, err, `"rocm" is not one of auto, host, cuda`)
 	_, _, err = run(t, "info", "extra")
 	require.Error(t, err)
+}
+
+// TestInfoHostSimulated: the host backend's device is said to be a
+// simulation, with its made-up uuid and the configured capacity.
+func TestInfoHostSimulated(t *testing.T) {
+	out, _, err := run(t, "info", "--backend", "host", "--capacity", "24GiB")
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^device 0: +xseg host device 0: simulated GPU on host memory$`, out)
+	require.Regexp(t, `(?m)^  uuid: +GPU-[0-9a-f-]+ \(made up by the host backend\)$`, out)
+	require.Regexp(t, `(?m)^  memory: +24 GiB total \(the host backend's configured capacity\), 24 GiB free$`, out)
+	require.NotContains(t, out, "141", "the default capacity is not shown when another is set")
+	require.NotContains(t, out, "xseg: ", "no error text inside the report keeps package xseg's prefix")
+
+	out, _, err = run(t, "info", "--backend", "host", "--json")
+	require.NoError(t, err)
+	var rep infoReport
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	require.True(t, rep.Devices[0].Simulated)
+	require.Equal(t, uint64(141<<30), rep.Devices[0].TotalMemory, "the default capacity")
+
+	_, _, err = run(t, "info", "--backend", "cuda", "--capacity", "24GiB")
+	require.ErrorContains(t, err, "--capacity sets the host backend's memory")
+}
+
+// TestBare: an error of package xseg inside another message loses its
+// prefix, and errors.Is still finds its cause.
+func TestBare(t *testing.T) {
+	_, err := xseg.OpenDriver("tpu", 0)
+	wrapped := fmt.Errorf("trace: opening the allocator: %w", bare(err))
+	require.Equal(t, `xseg: trace: opening the allocator: unknown backend "tpu" (want auto, host or cuda): invalid argument`, errorLine(wrapped))
+	require.ErrorIs(t, wrapped, vmm.ErrInvalid)
+	plain := errors.New("no prefix")
+	require.Same(t, plain, bare(plain))
+	require.NoError(t, bare(nil))
 }

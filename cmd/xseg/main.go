@@ -3,7 +3,10 @@
 //
 //	xseg info [--json] [--backend auto|host|cuda]
 //	xseg replay [--backend auto|host|cuda] [--allocator auto|expandable|fallback]
-//	            [--capacity BYTES] [--conf XSEG_CONF] [--json] TRACE...
+//	            [--capacity SIZE] [--conf XSEG_CONF] [--json] [--plot FILE.png] TRACE...
+//	xseg --version
+//
+// Sizes are read by package bytesize: 24GiB, 512MiB or plain bytes.
 //
 // The command line is built with github.com/spf13/cobra (over spf13/pflag):
 // subcommands, generated help and usage, and flag values checked as they
@@ -12,12 +15,14 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 func main() {
@@ -31,7 +36,39 @@ func main() {
 // errorLine is the line that reports err: "xseg: " and the error, whose
 // own "xseg: " (package xseg's errors start so) is not said twice.
 func errorLine(err error) string {
-	return "xseg: " + strings.TrimPrefix(err.Error(), "xseg: ")
+	return "xseg: " + bare(err).Error()
+}
+
+// bare is err without the "xseg: " that package xseg's errors start with,
+// for an error of package xseg put inside another message (which main
+// prefixes once) or into a report; errors.Is and errors.As still see err.
+// Every place in this command that wraps or prints an error of package
+// xseg goes through it, so that "xseg:" is said once per line.
+func bare(err error) error {
+	if err == nil || !strings.HasPrefix(err.Error(), xsegPrefix) {
+		return err
+	}
+	return bareError{err}
+}
+
+const xsegPrefix = "xseg: "
+
+type bareError struct{ err error }
+
+func (b bareError) Error() string { return strings.TrimPrefix(b.err.Error(), xsegPrefix) }
+func (b bareError) Unwrap() error { return b.err }
+
+// flagError names the flag and its value before what is wrong with it:
+// "--capacity 24: 24 bytes is not a multiple of ...", not pflag's
+// "invalid argument "24" for "--capacity" flag: ...", and then says
+// nothing more: the usage text would bury that line.
+func flagError(c *cobra.Command, err error) error {
+	var bad *pflag.InvalidValueError
+	if errors.As(err, &bad) {
+		c.SilenceUsage = true
+		return fmt.Errorf("--%s %s: %w", bad.GetFlag().Name, bad.GetValue(), bad.Unwrap())
+	}
+	return err
 }
 
 // newRootCmd builds the command tree writing to stdout and stderr (tests
@@ -44,8 +81,11 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 recorded allocation traces through the xseg allocator, reporting peak memory
 and speed (replay). Without a CUDA driver it uses the host backend, which
 runs the same allocator on Linux host memory.`,
+		Version:       version(),
 		SilenceErrors: true,
 	}
+	root.SetVersionTemplate("xseg {{.Version}}\n")
+	root.SetFlagErrorFunc(flagError)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(newInfoCmd(stdout), newReplayCmd(stdout, stderr))

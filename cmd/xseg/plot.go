@@ -4,41 +4,70 @@ import (
 	"errors"
 	"fmt"
 	"image/color"
+	"io"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
+	"github.com/dustin/go-humanize"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 
 	"github.com/xseg-dev/xseg/bench/trace"
+	"github.com/xseg-dev/xseg/bytesize"
 )
 
 // plotPoints bounds the points of a plot's lines: each point is the
 // highest value of a run of events, so no peak is lost.
 const plotPoints = 4000
 
+// eventAxis names the x axis: an event is one line of the trace.
+const eventAxis = "event (an allocation or a free, in trace order)"
+
 // tracePlot draws, for `xseg replay --plot FILE.png`, the live and reserved
-// bytes over each trace's events. A nil *tracePlot draws nothing.
+// bytes over each trace's events, drawn with gonum.org/v1/plot. A nil
+// *tracePlot draws nothing.
 type tracePlot struct {
 	path   string
-	multi  bool // several traces: one file each, named after the trace
+	multi  bool   // several traces: one file each, named after the trace
+	setup  string // backend and allocator, for the titles
 	series []*plotSeries
 }
 
-// plotSeries is one trace's samples.
+// plotSeries is one trace's samples and, once replayed, its result.
 type plotSeries struct {
 	name           string
 	every          int // events a point stands for
 	last           int // the trace's last event, always a point
 	live, reserved plotter.XYs
+	res            trace.Result
 }
 
-func newTracePlot(path string, traces int) *tracePlot {
+// newTracePlot checks path before any replay: an extension the plot
+// library can write, and a folder where a file can be created. It
+// returns nil for no path.
+func newTracePlot(path string, traces int) (*tracePlot, error) {
 	if path == "" {
-		return nil
+		return nil, nil
 	}
-	return &tracePlot{path: path, multi: traces > 1}
+	ext := strings.TrimPrefix(strings.ToLower(filepath.Ext(path)), ".")
+	formats := draw.Formats()
+	slices.Sort(formats)
+	if !slices.Contains(formats, ext) {
+		return nil, fmt.Errorf("--plot %s: the extension picks the image format; want one of .%s", path, strings.Join(formats, ", ."))
+	}
+	probe, err := os.CreateTemp(filepath.Dir(path), ".xseg-plot-*")
+	if err != nil {
+		return nil, fmt.Errorf("--plot %s: cannot write to its folder: %w", path, err)
+	}
+	errs := errors.Join(probe.Close(), os.Remove(probe.Name()))
+	if errs != nil {
+		return nil, fmt.Errorf("--plot %s: %w", path, errs)
+	}
+	return &tracePlot{path: path, multi: traces > 1}, nil
 }
 
 // sampler returns the trace.Options fields that sample a's live
@@ -53,10 +82,17 @@ func (p *tracePlot) sampler(t *trace.Trace, a trace.Allocator) (func(int), int) 
 	return s.add(a), 1
 }
 
+// result records the result of the trace last sampled, for its title and
+// peak lines.
+func (p *tracePlot) result(res trace.Result) {
+	if p != nil && len(p.series) > 0 {
+		p.series[len(p.series)-1].res = res
+	}
+}
+
 // add returns the sample function: it keeps the highest live and reserved
 // bytes of each run of s.every events as one point.
 func (s *plotSeries) add(a trace.Allocator) func(int) {
-	const gib = 1 << 30
 	var live, reserved int64
 	return func(done int) {
 		st := a.Stats()
@@ -70,6 +106,9 @@ func (s *plotSeries) add(a trace.Allocator) func(int) {
 	}
 }
 
+// gib is the unit of the plots' y values.
+const gib = 1 << 30
+
 // traceName is a trace's file name without its folder and extensions.
 func traceName(path string) string {
 	name := filepath.Base(path)
@@ -79,17 +118,19 @@ func traceName(path string) string {
 	return name
 }
 
-// write draws every series into its file.
-func (p *tracePlot) write() error {
+// write draws every series into its file and says on w where.
+func (p *tracePlot) write(w io.Writer) error {
 	if p == nil {
 		return nil
 	}
 	var errs []error
 	for _, s := range p.series {
 		path := plotPath(p.path, s.name, p.multi)
-		if err := s.draw(path); err != nil {
+		if err := s.draw(path, p.setup); err != nil {
 			errs = append(errs, fmt.Errorf("--plot %s: %w", path, err))
+			continue
 		}
+		fmt.Fprintf(w, "plot of %s written to %s\n", s.name, path)
 	}
 	return errors.Join(errs...)
 }
@@ -104,26 +145,39 @@ func plotPath(path, name string, multi bool) string {
 	return strings.TrimSuffix(path, ext) + "." + name + ext
 }
 
-// draw saves the two lines as an image; the extension picks the format.
-func (s *plotSeries) draw(path string) error {
+var (
+	reservedColor = color.RGBA{R: 214, G: 39, B: 40, A: 255}
+	liveColor     = color.RGBA{R: 31, G: 119, B: 180, A: 255}
+)
+
+// draw saves the two lines, with the two peaks marked and their ratio in
+// the title, as an image; the extension picks the format.
+func (s *plotSeries) draw(path, setup string) error {
 	p := plot.New()
-	p.Title.Text = s.name + ": live and reserved bytes"
-	p.X.Label.Text = "event"
-	p.Y.Label.Text = "GiB"
-	top := 0.0
-	for _, xy := range s.reserved {
-		top = max(top, xy.Y)
+	p.Title.Text = fmt.Sprintf("%s: live and reserved bytes (%s)\npeak reserved %s / peak live %s = %.4f",
+		s.name, setup, bytesize.Format(s.res.PeakReserved), bytesize.Format(s.res.PeakLive), s.res.Ratio)
+	p.X.Label.Text = eventAxis
+	p.Y.Label.Text = "bytes"
+	p.X.Tick.Marker = labelAll{format: func(v float64) string { return humanize.Comma(int64(v)) }}
+	p.Y.Tick.Marker = labelAll{format: func(v float64) string { return bytesize.Format(uint64(v * gib)) }}
+	top := max(float64(s.res.PeakReserved), float64(s.res.PeakLive)) / gib
+	for _, l := range [][]plotter.XY{s.live, s.reserved} {
+		for _, xy := range l {
+			top = max(top, xy.Y)
+		}
 	}
-	for _, xy := range s.live {
-		top = max(top, xy.Y)
-	}
-	p.Y.Min, p.Y.Max = 0, top*1.1+1e-9
+	p.Y.Min, p.Y.Max = 0, top*1.15+1e-9
+	p.X.Min, p.X.Max = 0, max(float64(s.last), 1)
 	p.Add(plotter.NewGrid())
 	for _, l := range []struct {
 		name string
 		xys  plotter.XYs
+		peak uint64
 		rgb  color.RGBA
-	}{{"reserved", s.reserved, color.RGBA{R: 214, G: 39, B: 40, A: 255}}, {"live", s.live, color.RGBA{R: 31, G: 119, B: 180, A: 255}}} {
+	}{
+		{"reserved (peak " + bytesize.Format(s.res.PeakReserved) + ")", s.reserved, s.res.PeakReserved, reservedColor},
+		{"live (peak " + bytesize.Format(s.res.PeakLive) + ")", s.live, s.res.PeakLive, liveColor},
+	} {
 		line, err := plotter.NewLine(l.xys)
 		if err != nil {
 			return err
@@ -131,7 +185,26 @@ func (s *plotSeries) draw(path string) error {
 		line.Color, line.Width = l.rgb, vg.Points(1.2)
 		p.Add(line)
 		p.Legend.Add(l.name, line)
+		// The peak as a dashed line across the plot.
+		peak, err := plotter.NewLine(plotter.XYs{{X: p.X.Min, Y: float64(l.peak) / gib}, {X: p.X.Max, Y: float64(l.peak) / gib}})
+		if err != nil {
+			return err
+		}
+		peak.Color, peak.Width, peak.Dashes = l.rgb, vg.Points(0.6), []vg.Length{vg.Points(4), vg.Points(3)}
+		p.Add(peak)
 	}
 	p.Legend.Top, p.Legend.Left = true, true
 	return p.Save(9*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// labelAll is a tick marker that labels every tick gonum's default marker
+// places, labelled or not (it labels only two or three), with format.
+type labelAll struct{ format func(float64) string }
+
+func (l labelAll) Ticks(lo, hi float64) []plot.Tick {
+	ticks := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ticks {
+		ticks[i].Label = l.format(ticks[i].Value)
+	}
+	return ticks
 }

@@ -7,10 +7,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dustin/go-humanize"
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/bench/trace"
+	"github.com/xseg-dev/xseg/bytesize"
 )
 
 func TestReplayPlot(t *testing.T) {
@@ -22,12 +24,15 @@ func TestReplayPlot(t *testing.T) {
 	_, stderr, err := run(t, "replay", "--backend", "host", "--plot", one, a)
 	require.NoError(t, err, stderr)
 	requirePNG(t, one)
+	require.Equal(t, "plot of a written to "+one+"\n", stderr, "it says where it wrote")
 
 	two := filepath.Join(dir, "two.png")
 	_, stderr, err = run(t, "replay", "--backend", "host", "--plot", two, a, b)
 	require.NoError(t, err, stderr)
 	requirePNG(t, filepath.Join(dir, "two.a.png"))
 	requirePNG(t, filepath.Join(dir, "two.b.png"))
+	require.Equal(t, "plot of a written to "+filepath.Join(dir, "two.a.png")+"\n"+
+		"plot of b written to "+filepath.Join(dir, "two.b.png")+"\n", stderr)
 	_, err = os.Stat(two)
 	require.ErrorIs(t, err, os.ErrNotExist, "with several traces, only the per-trace files")
 }
@@ -51,7 +56,8 @@ func TestPlotSamples(t *testing.T) {
 	a, err := xseg.Open(xseg.Options{Backend: "host", HostCapacity: 1 << 30})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, a.Close()) }()
-	p := newTracePlot("x.png", 1)
+	p, err := newTracePlot(filepath.Join(t.TempDir(), "x.png"), 1)
+	require.NoError(t, err)
 	sample, every := p.sampler(tr, a)
 	require.Equal(t, 1, every)
 	_, err = trace.Replay(tr, a, trace.Options{Sample: sample, SampleEvery: every})
@@ -65,12 +71,65 @@ func TestPlotSamples(t *testing.T) {
 	require.InDelta(t, float64(syntheticPeak)/(1<<30), top, 1e-12)
 	require.Equal(t, float64(len(tr.Events)), s.live[len(s.live)-1].X)
 
-	require.Nil(t, newTracePlot("", 1))
-	var none *tracePlot
+	none, err := newTracePlot("", 1)
+	require.NoError(t, err)
+	require.Nil(t, none)
 	f, n := none.sampler(tr, a)
 	require.Nil(t, f)
 	require.Zero(t, n)
-	require.NoError(t, none.write())
+	none.result(trace.Result{})
+	require.NoError(t, none.write(nil))
 	require.Equal(t, "out.gpt2_train.png", plotPath("out.png", traceName("bench/traces/gpt2_train.trace.gz"), true))
 	require.Equal(t, "out.png", plotPath("out.png", "x", false))
+}
+
+// TestPlotPathCheckedFirst: a path the plot cannot be written to fails
+// before any trace is read or replayed, and leaves no file behind.
+func TestPlotPathCheckedFirst(t *testing.T) {
+	dir := t.TempDir()
+	// The trace does not exist: an error about it would mean the plot path
+	// was checked after the traces were read.
+	missing := filepath.Join(dir, "missing.trace")
+	for _, c := range []struct{ path, want string }{
+		{filepath.Join(dir, "out.gif"), "the extension picks the image format; want one of .eps, .jpeg, .jpg, .pdf, .png, .svg, .tex, .tif, .tiff"},
+		{filepath.Join(dir, "out"), "the extension picks the image format"},
+		{filepath.Join(dir, "no", "such", "folder", "out.png"), "cannot write to its folder"},
+	} {
+		out, _, err := run(t, "replay", "--backend", "host", "--plot", c.path, missing)
+		require.ErrorContains(t, err, "--plot "+c.path+": "+c.want)
+		require.NotContains(t, err.Error(), "missing.trace", "the trace was not read")
+		require.Empty(t, out)
+	}
+	if os.Getuid() != 0 { // root writes anywhere
+		ro := filepath.Join(dir, "ro")
+		require.NoError(t, os.Mkdir(ro, 0o555))
+		_, _, err := run(t, "replay", "--backend", "host", "--plot", filepath.Join(ro, "out.png"), missing)
+		require.ErrorContains(t, err, "cannot write to its folder")
+	}
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		require.True(t, e.IsDir(), "left behind: %s", e.Name())
+	}
+}
+
+// TestPlotTicksAndTitle: every tick of both axes is labelled, sizes with
+// their unit, events with thousands separators.
+func TestPlotTicksAndTitle(t *testing.T) {
+	y := labelAll{format: func(v float64) string { return bytesize.Format(uint64(v * gib)) }}
+	ticks := y.Ticks(0, 27.5)
+	var labels []string
+	for _, tk := range ticks {
+		require.NotEmpty(t, tk.Label, "tick at %g", tk.Value)
+		labels = append(labels, tk.Label)
+	}
+	require.GreaterOrEqual(t, len(labels), 5, labels)
+	require.Contains(t, labels, "10 GiB")
+	x := labelAll{format: func(v float64) string { return humanize.Comma(int64(v)) }}
+	labels = labels[:0]
+	for _, tk := range x.Ticks(0, 8989) {
+		labels = append(labels, tk.Label)
+	}
+	require.GreaterOrEqual(t, len(labels), 5, labels)
+	require.Contains(t, labels, "4,000")
 }

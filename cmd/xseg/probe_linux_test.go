@@ -17,7 +17,8 @@ func TestProbePidfdGetfd(t *testing.T) {
 	if p.Status == probeNo && errors.Is(ipc.ProbePidfdGetfd(), unix.ENOSYS) {
 		t.Skipf("kernel without pidfd_getfd: %s", p.Detail)
 	}
-	// Development and CI machines allow it (DESIGN.md, facts).
+	// Development and CI machines allow it (a process may take its own
+	// descriptors).
 	require.Equal(t, probeYes, p.Status, p.Detail)
 	require.NoError(t, ipc.ProbePidfdGetfd(), "xseg info and package ipc agree")
 }

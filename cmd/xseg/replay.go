@@ -12,14 +12,16 @@ import (
 
 	"github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/bench/trace"
+	"github.com/xseg-dev/xseg/bytesize"
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/host"
 )
 
 // replayFlags are the flags of `xseg replay`.
 type replayFlags struct {
 	backend   *enumFlag[xseg.Backend]
 	allocator *enumFlag[xseg.AllocatorKind]
-	capacity  byteSize
+	capacity  capacityFlag
 	device    int
 	conf      string
 	json      bool
@@ -38,9 +40,9 @@ func newReplayCmd(stdout, stderr io.Writer) *cobra.Command {
 		Long: `replay reads each TRACE (gzip or plain text, one event a line:
 "a <id> <bytes> <stream>" allocates, "f <id>" frees), checks it whole, then
 drives a fresh allocator with its events and reports, per trace: events, the
-trace's peak of live bytes, the allocator's peak of reserved bytes, their
-ratio, nanoseconds per event, pages mapped and unmapped, allocation retries and
-out-of-memory errors. Trace stream 0 is the default stream; every other trace
+trace's peak of live bytes, the allocator's peak of reserved bytes, their ratio (peak reserved / peak live: 1.0 wastes nothing), nanoseconds per
+event, pages mapped and unmapped, allocation retries and out-of-memory errors.
+Sizes are printed in KiB, MiB and GiB; --json prints them in bytes. Trace stream 0 is the default stream; every other trace
 stream gets a stream of its own. Blocks still live at the end are freed after
 the timing. It fails if a trace does not parse or an allocation fails.`,
 		Args: cobra.MinimumNArgs(1),
@@ -52,12 +54,12 @@ the timing. It fails if a trace does not parse or an allocation fails.`,
 	fl := cmd.Flags()
 	fl.Var(f.backend, "backend", "memory backend: auto (CUDA if it opens, else host), host or cuda")
 	fl.Var(f.allocator, "allocator", "allocator: auto (expandable where the device supports VMM), expandable or fallback")
-	fl.Var(&f.capacity, "capacity", "memory of each host-backend device, e.g. 141GiB (default: the host backend's)")
+	fl.Var(&f.capacity, "capacity", "memory of each host-backend device, a multiple of 2 MiB: "+bytesize.Syntax+" (default "+bytesize.Format(host.DefaultCapacity)+")")
 	fl.IntVar(&f.device, "device", 0, "`ordinal` of the device to replay on")
 	fl.StringVar(&f.conf, "conf", "", "allocator configuration in `XSEG_CONF` syntax (key:value,...), applied over the environment's")
 	fl.BoolVar(&f.json, "json", false, "print one JSON object a line per trace")
 	fl.BoolVarP(&f.verbose, "verbose", "v", false, "log the allocator's informational messages to stderr")
-	fl.StringVar(&f.plot, "plot", "", "draw live and reserved bytes over each trace's events into `FILE.png` (with several traces, FILE.<trace>.png)")
+	fl.StringVar(&f.plot, "plot", "", "draw live and reserved bytes over each trace's events into `FILE.png` (or .svg, .pdf, ...; with several traces, FILE.<trace>.png)")
 	return cmd
 }
 
@@ -67,6 +69,10 @@ func runReplay(f *replayFlags, paths []string, stdout, stderr io.Writer) error {
 		return errors.New("--capacity sets the host backend's memory; it does not apply to --backend cuda")
 	}
 	cfg, err := replayConfig(f.conf)
+	if err != nil {
+		return err
+	}
+	plot, err := newTracePlot(f.plot, len(paths))
 	if err != nil {
 		return err
 	}
@@ -82,14 +88,19 @@ func runReplay(f *replayFlags, paths []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	r := &replayer{flags: f, d: d, dev: vmm.Device(f.device), cfg: cfg, stderr: stderr, log: newLogger(stderr, f.verbose),
-		plot: newTracePlot(f.plot, len(traces))}
+	if err := checkDevice(d, f.device); err != nil {
+		return errors.Join(err, d.Close())
+	}
+	r := &replayer{flags: f, d: d, dev: vmm.Device(f.device), cfg: cfg, stderr: stderr, log: newLogger(stderr, f.verbose), plot: plot}
 	out := newResultPrinter(stdout, f.json)
+	name := f.allocator.value
+	if c, err := xseg.ChooseAllocator(d, vmm.Device(f.device), name); err == nil {
+		name = c.Allocator
+	}
+	if plot != nil {
+		plot.setup = fmt.Sprintf("backend %s, allocator %s", d.Backend(), name)
+	}
 	if !f.json {
-		name := f.allocator.value
-		if c, err := xseg.ChooseAllocator(d, vmm.Device(f.device), name); err == nil {
-			name = c.Allocator
-		}
 		fmt.Fprintf(stdout, "backend %s, allocator %s, device %d\n", d.Backend(), name, f.device)
 	}
 	var errs []error
@@ -106,8 +117,27 @@ func runReplay(f *replayFlags, paths []string, stdout, stderr io.Writer) error {
 			errs = append(errs, fmt.Errorf("%s: %d allocations failed, the first: %w", t.Name, res.FailedAllocs, res.FirstFailure))
 		}
 	}
-	errs = append(errs, out.flush(), r.plot.write(), d.Close())
+	errs = append(errs, out.flush(), r.plot.write(stderr), d.Close())
 	return errors.Join(errs...)
+}
+
+// checkDevice fails, naming the flag, if d has no device ordinal dev.
+func checkDevice(d vmm.Driver, dev int) error {
+	n, err := d.DeviceCount()
+	if err != nil {
+		return fmt.Errorf("--device %d: counting the %s backend's devices: %w", dev, d.Backend(), err)
+	}
+	if dev >= 0 && dev < n {
+		return nil
+	}
+	has := fmt.Sprintf("%d devices, ordinals 0 to %d", n, n-1)
+	switch n {
+	case 0:
+		has = "no devices"
+	case 1:
+		has = "1 device, ordinal 0"
+	}
+	return fmt.Errorf("--device %d: the %s backend has %s: %w", dev, d.Backend(), has, vmm.ErrInvalid)
 }
 
 // replayConfig is the allocator configuration: nil (the environment's,

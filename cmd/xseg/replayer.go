@@ -8,8 +8,11 @@ import (
 	"os"
 	"text/tabwriter"
 
+	"golang.org/x/term"
+
 	"github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/bench/trace"
+	"github.com/xseg-dev/xseg/bytesize"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -41,10 +44,11 @@ func (r *replayer) replay(t *trace.Trace) (trace.Result, error) {
 		Logger:    r.log,
 	})
 	if err != nil {
-		return trace.Result{}, errors.Join(fmt.Errorf("%s: opening the allocator: %w", t.Name, err), destroy())
+		return trace.Result{}, errors.Join(fmt.Errorf("%s: opening the allocator: %w", t.Name, bare(err)), destroy())
 	}
 	sample, every := r.plot.sampler(t, a)
 	res, err := trace.Replay(t, a, trace.Options{Streams: streams, Progress: r.progress(t), Sample: sample, SampleEvery: every})
+	r.plot.result(res)
 	errs := []error{err}
 	if err := a.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("%s: closing the allocator: %w", t.Name, err))
@@ -61,7 +65,7 @@ func (r *replayer) replay(t *trace.Trace) (trace.Result, error) {
 // terminal.
 func (r *replayer) progress(t *trace.Trace) func(int) {
 	f, ok := r.stderr.(*os.File)
-	if !ok || len(t.Events) <= trace.ProgressEvery || !isTerminal(f) {
+	if !ok || len(t.Events) <= trace.ProgressEvery || !term.IsTerminal(int(f.Fd())) {
 		return nil
 	}
 	return func(done int) {
@@ -73,7 +77,8 @@ func (r *replayer) progress(t *trace.Trace) func(int) {
 	}
 }
 
-// flush prints the table of the results added, if any.
+// flush prints the table of the results added, if any: sizes with binary
+// units, the ratio under its definition.
 func (p *resultPrinter) flush() error {
 	if p.json != nil || len(p.result) == 0 {
 		return nil
@@ -84,10 +89,11 @@ func (p *resultPrinter) flush() error {
 		width = max(width, len(r.Trace))
 	}
 	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "%-*s\tevents\tpeak live\tpeak reserved\tratio\tns/event\tmaps\tunmaps\tretries\tooms\t\n", width, "trace")
+	fmt.Fprintf(tw, "%-*s\tevents\tpeak live\tpeak reserved\tpeak reserved / peak live\tns/event\tmaps\tunmaps\tretries\tooms\t\n", width, "trace")
 	for _, r := range p.result {
-		fmt.Fprintf(tw, "%-*s\t%d\t%d\t%d\t%.4f\t%.0f\t%d\t%d\t%d\t%d\t\n",
-			width, r.Trace, r.Events, r.PeakLive, r.PeakReserved, r.Ratio, r.NsPerEvent, r.Maps, r.Unmaps, r.Retries, r.OOMs)
+		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%s\t%.4f\t%.0f\t%d\t%d\t%d\t%d\t\n",
+			width, r.Trace, r.Events, bytesize.Format(r.PeakLive), bytesize.Format(r.PeakReserved), r.Ratio,
+			r.NsPerEvent, r.Maps, r.Unmaps, r.Retries, r.OOMs)
 	}
 	return tw.Flush()
 }

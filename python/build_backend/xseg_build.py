@@ -36,7 +36,7 @@ from typing import Dict, Iterator, List, NoReturn, Optional, Tuple
 
 NAME = "xseg"
 SUMMARY = "xseg: a GPU memory allocator with expandable segments, as PyTorch's CUDA allocator"
-LICENSE = "Proprietary"  # the repository carries no license file; change here when it does
+LICENSE = "Apache-2.0"  # the repository's LICENSE file
 REQUIRES_PYTHON = ">=3.9"
 EXTRAS = {"torch": ["torch>=2.3"]}
 
@@ -118,7 +118,7 @@ def _find_go() -> str:
         if os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     raise BuildError(
-        "xseg: building libxseg.so needs Go 1.26 or newer (the go command was not found on PATH nor at "
+        "xseg: building libxseg.so needs Go 1.25 or newer (the go command was not found on PATH nor at "
         "/usr/local/go/bin/go). Install Go (the official release unpacked at /usr/local/go, or your "
         "distribution's golang package), with cgo and a C compiler (gcc and g++); or build libxseg.so "
         "elsewhere and point XSEG_PREBUILT_LIB at it.")
