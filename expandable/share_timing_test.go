@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/xseg-dev/xseg/ipc"
 	"github.com/xseg-dev/xseg/vmm"
@@ -76,7 +75,7 @@ func TestShareTimings(t *testing.T) {
 	require.NoError(t, d.Unreserve(base, uint64(len(pages))*ps))
 	step("close fds", len(fds), func() {
 		for _, fd := range fds {
-			require.NoError(t, unix.Close(fd))
+			require.NoError(t, closeFD(fd))
 		}
 	})
 	require.NoError(t, pin.Unpin())

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -43,21 +41,10 @@ const (
 	authVersion = 1
 	authHeader  = 32
 	authEntry   = 20
-	// authSeals forbid any change: content, size, and the seals.
-	authSeals = unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 )
 
 // FileID is the identity of an open file: (st_dev, st_ino).
 type FileID struct{ Dev, Ino uint64 }
-
-// FileIDOf returns the identity of the file fd names.
-func FileIDOf(fd int) (FileID, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return FileID{}, fmt.Errorf("fstat of fd %d: %w", fd, err)
-	}
-	return FileID{Dev: st.Dev, Ino: st.Ino}, nil
-}
 
 // NewAuth makes the sealed authentication memfd of a share with token tok
 // whose pages are pages, in page order (see above). The caller owns the
@@ -79,31 +66,7 @@ func NewAuth(tok Token, pages []*FD) (*FD, error) {
 		b = binary.LittleEndian.AppendUint64(b, id.Dev)
 		b = binary.LittleEndian.AppendUint64(b, id.Ino)
 	}
-	raw, err := unix.MemfdCreate("xseg-share-auth", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("creating the share's authentication memfd: %w", err)
-	}
-	fd, err := NewFD(raw)
-	if err != nil {
-		return nil, err
-	}
-	if err := writeSealed(raw, b); err != nil {
-		return nil, fmt.Errorf("filling the share's authentication memfd: %w (closing it: %v)", err, fd.Close())
-	}
-	return fd, nil
-}
-
-// writeSealed writes b at the start of the memfd raw and seals it.
-func writeSealed(raw int, b []byte) error {
-	for done := 0; done < len(b); {
-		n, err := unix.Pwrite(raw, b[done:], int64(done))
-		if err != nil {
-			return err
-		}
-		done += n
-	}
-	_, err := unix.FcntlInt(uintptr(raw), unix.F_ADD_SEALS, authSeals)
-	return err
+	return newSealedFile(b)
 }
 
 // CheckAuth reads the authentication memfd fd (fetched from the exporter
@@ -111,21 +74,9 @@ func writeSealed(raw int, b []byte) error {
 // for d's token and d's fd numbers. It returns the identity of each page
 // file, in page order. Any mismatch is an error wrapping vmm.ErrInvalid.
 func (d *Descriptor) CheckAuth(fd int) ([]FileID, error) {
-	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
-	if err != nil || seals&authSeals != authSeals {
-		return nil, authErr("fd %d is not a sealed memfd (seals %#x, %v)", d.AuthFD, seals, err)
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("fstat of the authentication memfd: %w", err)
-	}
-	want := authHeader + authEntry*len(d.PageFDs)
-	if st.Size != int64(want) {
-		return nil, authErr("fd %d holds %d bytes, an authentication of %d pages holds %d", d.AuthFD, st.Size, len(d.PageFDs), want)
-	}
-	b := make([]byte, want)
-	if n, err := unix.Pread(fd, b, 0); err != nil || n != want {
-		return nil, fmt.Errorf("reading the authentication memfd: %d of %d bytes: %v: %w", n, want, err, vmm.ErrInvalid)
+	b, err := d.readAuth(fd)
+	if err != nil {
+		return nil, err
 	}
 	return d.parseAuth(b)
 }

@@ -37,6 +37,13 @@
 // against the share's authentication memfd ([Descriptor.CheckAuth]). Keep
 // descriptors as secret as the memory they share.
 //
+// # Other systems
+//
+// The package builds everywhere, but descriptors, memfds and their seals
+// are Linux calls: elsewhere [FD.Close], [FD.Dup], [NewAuth],
+// [Descriptor.CheckAuth] and [FileIDOf] fail with vmm.ErrNotSupported.
+// Descriptors and fabric handles are plain bytes and work everywhere.
+//
 // # Concurrency
 //
 // FD is safe for concurrent use. Fabric, Token and Descriptor are values;

@@ -6,8 +6,6 @@ import (
 	"runtime"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -44,7 +42,7 @@ func NewFD(raw int) (*FD, error) {
 }
 
 // closeLeaked is the cleanup of an FD dropped without Close.
-func closeLeaked(raw int) { _ = unix.Close(raw) }
+func closeLeaked(raw int) { _ = closeRaw(raw) }
 
 // Int returns the descriptor number, or -1 once the FD was closed or
 // disowned. The number stays owned by fd: do not close it.
@@ -61,7 +59,7 @@ func (fd *FD) Close() error {
 	if raw < 0 {
 		return nil
 	}
-	if err := unix.Close(raw); err != nil {
+	if err := closeRaw(raw); err != nil {
 		return fmt.Errorf("closing fd %d: %w", raw, err)
 	}
 	return nil
@@ -92,7 +90,7 @@ func (fd *FD) Dup() (*FD, error) {
 	if fd.mu.raw < 0 {
 		return nil, fmt.Errorf("duplicating fd: %w", vmm.ErrClosed)
 	}
-	raw, err := unix.FcntlInt(uintptr(fd.mu.raw), unix.F_DUPFD_CLOEXEC, 0)
+	raw, err := dupRaw(fd.mu.raw)
 	if err != nil {
 		return nil, fmt.Errorf("duplicating fd %d: %w", fd.mu.raw, err)
 	}

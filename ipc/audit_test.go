@@ -1,3 +1,5 @@
+//go:build linux
+
 package ipc
 
 // Tests of the defects of issue 15 (an adversarial audit): each fails on

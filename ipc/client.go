@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/vmm"
 )
@@ -176,10 +174,4 @@ func checkBatch(b []byte, index, got, left int) error {
 		return fmt.Errorf("batch of %d fds with %d outstanding", got, left)
 	}
 	return nil
-}
-
-func closeRaw(raws []int) {
-	for _, raw := range raws {
-		_ = unix.Close(raw)
-	}
 }

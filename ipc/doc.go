@@ -54,6 +54,12 @@
 // A fetched fd keeps its page alive in the importer after the exporter
 // exits or closes the share.
 //
+// # Other systems
+//
+// The package builds everywhere, but the pidfd and socket transports are
+// Linux calls: elsewhere NewExporter with a socket, the pidfd and socket
+// transports and [ProbePidfdGetfd] fail with vmm.ErrNotSupported.
+//
 // # Lifetime and concurrency
 //
 // Exporter, Share and Fetch are safe for concurrent use. [Exporter.Close]

@@ -11,8 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -23,7 +21,7 @@ type Policy struct {
 	UIDs []uint32
 }
 
-func (p Policy) check(self uint32, c *unix.Ucred) error {
+func (p Policy) check(self uint32, c *ucred) error {
 	if c.Uid == self {
 		return nil
 	}
@@ -60,7 +58,7 @@ type ExporterOptions struct {
 	batch int // fds per message; tests lower it to exercise batching
 	// refuse, if set, refuses the peers it returns true for as the policy
 	// would: tests refuse some peers of their own uid with it.
-	refuse func(*unix.Ucred) bool
+	refuse func(*ucred) bool
 }
 
 // An Exporter shares pages with other processes and serves its socket
@@ -125,7 +123,7 @@ func NewExporter(opts ExporterOptions) (*Exporter, error) {
 		_, _ = rand.Read(r[:])
 		e.endpoint = fmt.Sprintf("@xseg-%d-%s", os.Getpid(), hex.EncodeToString(r[:]))
 	}
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: e.endpoint, Net: "unixpacket"})
+	ln, err := listen(e.endpoint)
 	if err != nil {
 		return nil, fmt.Errorf("listening on %q: %w", e.endpoint, err)
 	}
@@ -221,7 +219,7 @@ func (e *Exporter) admit(c *net.UnixConn) bool {
 }
 
 // check applies the policy (and a test's refusals) to a peer.
-func (e *Exporter) check(c *unix.Ucred) error {
+func (e *Exporter) check(c *ucred) error {
 	if e.opts.refuse != nil && e.opts.refuse(c) {
 		return fmt.Errorf("peer pid %d uid %d is refused by the test's policy: %w", c.Pid, c.Uid, ErrRefused)
 	}
@@ -240,7 +238,7 @@ func (e *Exporter) turnAway(c *net.UnixConn, status byte, msg string) {
 func (e *Exporter) Refused() uint64 { return e.refused.Load() }
 
 // enter counts one more open exchange of the peer's uid.
-func (e *Exporter) enter(c *unix.Ucred) (*uidSlots, error) {
+func (e *Exporter) enter(c *ucred) (*uidSlots, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	u := e.mu.uids[c.Uid]
@@ -268,7 +266,7 @@ func (e *Exporter) leave(uid uint32) {
 
 // handle serves one connection: the exchange, once one of its uid's slots
 // is free, then the importer's lease, which takes no slot.
-func (e *Exporter) handle(c *net.UnixConn, cred *unix.Ucred, slots *uidSlots) {
+func (e *Exporter) handle(c *net.UnixConn, cred *ucred, slots *uidSlots) {
 	defer e.wg.Done()
 	defer e.untrack(c)
 	s, err := e.exchange(c, cred, slots)
@@ -282,7 +280,7 @@ func (e *Exporter) handle(c *net.UnixConn, cred *unix.Ucred, slots *uidSlots) {
 
 // exchange waits for a slot of the peer's uid and serves the request. It
 // returns nil, nil if the exporter closed meanwhile.
-func (e *Exporter) exchange(c *net.UnixConn, cred *unix.Ucred, slots *uidSlots) (*Share, error) {
+func (e *Exporter) exchange(c *net.UnixConn, cred *ucred, slots *uidSlots) (*Share, error) {
 	defer e.leave(cred.Uid)
 	select {
 	case slots.sem <- struct{}{}:

@@ -3,9 +3,6 @@ package ipc
 import (
 	"encoding/binary"
 	"fmt"
-	"net"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/xseg-dev/xseg/handles"
 )
@@ -94,53 +91,4 @@ func decodeReply(b []byte) (status byte, count int, msg string, err error) {
 
 func encodeBatch(index int) []byte {
 	return binary.LittleEndian.AppendUint32([]byte("XSRB"), uint32(index))
-}
-
-// recvMsg reads one message and the fds that came with it. The fds are
-// returned even with an error so the caller can close them; a truncated
-// message or control block is an error.
-func recvMsg(c *net.UnixConn, buf []byte) (int, []int, error) {
-	oob := make([]byte, unix.CmsgSpace(maxBatch*4))
-	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
-	if err != nil {
-		return 0, nil, err
-	}
-	var fds []int
-	if oobn > 0 {
-		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
-		if perr != nil {
-			return n, nil, fmt.Errorf("parsing control messages: %w", perr)
-		}
-		for i := range msgs {
-			got, rerr := unix.ParseUnixRights(&msgs[i])
-			if rerr == nil {
-				fds = append(fds, got...)
-			}
-		}
-	}
-	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
-		return n, fds, fmt.Errorf("message truncated (flags %#x)", flags)
-	}
-	return n, fds, nil
-}
-
-// peerCred returns the credentials of the process at the other end of c
-// (for a client, those of the server when it listened).
-func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	err = rc.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	})
-	if err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading SO_PEERCRED: %w", err)
-	}
-	return cred, nil
 }

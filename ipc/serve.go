@@ -5,8 +5,6 @@ import (
 	"net"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xseg-dev/xseg/handles"
 )
 
@@ -14,7 +12,7 @@ import (
 // its request, find the share by its token, pass the fds (none for a
 // lease-only request). On success the importer holds a lease on the
 // returned share, which the caller must end with Share.dropLease.
-func (e *Exporter) serve(c *net.UnixConn, cred *unix.Ucred) (*Share, error) {
+func (e *Exporter) serve(c *net.UnixConn, cred *ucred) (*Share, error) {
 	if err := c.SetDeadline(time.Now().Add(e.opts.Timeout)); err != nil {
 		return nil, err
 	}
@@ -104,7 +102,7 @@ func (s *Share) sendFDs(c *net.UnixConn, batch int, raws []int) error {
 	}
 	for i := 0; i*batch < len(raws); i++ {
 		part := raws[i*batch : min((i+1)*batch, len(raws))]
-		if _, _, err := c.WriteMsgUnix(encodeBatch(i), unix.UnixRights(part...), nil); err != nil {
+		if _, _, err := c.WriteMsgUnix(encodeBatch(i), rights(part), nil); err != nil {
 			return fmt.Errorf("batch %d of %d fds: %w", i, len(part), err)
 		}
 	}

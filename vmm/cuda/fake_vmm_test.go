@@ -3,8 +3,6 @@ package cuda
 import (
 	"encoding/binary"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -210,18 +208,12 @@ func (f *fakeCUDA) memExportFD(c cuContext, h vmm.Handle) (int, error) {
 	if !ok || p.mem.types&vmm.HandlePosixFD == 0 {
 		return -1, ErrorInvalidValue
 	}
-	var fds [2]int
-	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+	fd, id, err := newFakeFD()
+	if err != nil {
 		return -1, ErrorUnknown
 	}
-	_ = unix.Close(fds[1])
-	var st unix.Stat_t
-	if err := unix.Fstat(fds[0], &st); err != nil {
-		_ = unix.Close(fds[0])
-		return -1, ErrorUnknown
-	}
-	f.mu.shared[st.Ino] = p.mem
-	return fds[0], nil
+	f.mu.shared[id] = p.mem
+	return fd, nil
 }
 
 func (f *fakeCUDA) memImportFD(c cuContext, fd int) (vmm.Handle, error) {
@@ -230,11 +222,11 @@ func (f *fakeCUDA) memImportFD(c cuContext, fd int) (vmm.Handle, error) {
 	if err := f.enter("memImportFD", c); err != nil {
 		return 0, err
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	id, err := fakeFDID(fd)
+	if err != nil {
 		return 0, ErrorInvalidValue
 	}
-	mem, ok := f.mu.shared[st.Ino]
+	mem, ok := f.mu.shared[id]
 	if !ok {
 		return 0, ErrorInvalidValue
 	}
@@ -291,6 +283,3 @@ func (f *fakeCUDA) memAllocationProperties(c cuContext, h vmm.Handle) (vmm.Devic
 	}
 	return vmm.Device(p.mem.dev), p.mem.types, nil
 }
-
-// closeFakeFD closes an fd the fake exported.
-func closeFakeFD(fd int) error { return unix.Close(fd) }

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strconv"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -62,7 +60,7 @@ func (d *Driver) ExportAllocFD(ptr vmm.DevicePtr) (int, uint64, error) {
 		d.mu.allocs[ptr] = a
 		d.mu.Unlock()
 	}
-	fd, err := unix.FcntlInt(uintptr(a.memfd), unix.F_DUPFD_CLOEXEC, 0)
+	fd, err := dupFD(a.memfd)
 	if err != nil {
 		return -1, 0, fmt.Errorf("exporting the allocation at %v: dup: %w", ptr, sysErr(err))
 	}
@@ -81,12 +79,11 @@ func (d *Driver) moveToMemfd(ptr vmm.DevicePtr, a allocation) (allocation, error
 		return a, fmt.Errorf("exporting the allocation at %v: memfd_create: %w", ptr, sysErr(err))
 	}
 	if err := fillMemfd(fd, ptr, a.size, size); err != nil {
-		return a, fmt.Errorf("exporting the allocation at %v: %w (closing the memfd: %v)", ptr, err, unix.Close(fd))
+		return a, fmt.Errorf("exporting the allocation at %v: %w (closing the memfd: %v)", ptr, err, closeFD(fd))
 	}
-	const prot, flags = unix.PROT_READ | unix.PROT_WRITE, unix.MAP_SHARED | unix.MAP_FIXED
-	if _, err := mmap(uintptr(ptr), a.size, prot, flags, fd, 0); err != nil {
+	if err := mapFile(uintptr(ptr), a.size, protRead|protWrite, fd, 0); err != nil {
 		return a, fmt.Errorf("exporting the allocation at %v: mapping its memfd over it (the allocation may be lost): %w (closing the memfd: %v)",
-			ptr, sysErr(err), unix.Close(fd))
+			ptr, sysErr(err), closeFD(fd))
 	}
 	a.memfd, a.fileSize = fd, size
 	return a, nil
@@ -108,7 +105,7 @@ func fillMemfd(fd int, ptr vmm.DevicePtr, n, size uint64) error {
 			continue
 		}
 		for done := 0; done < len(part); {
-			w, err := unix.Pwrite(fd, part[done:], int64(off)+int64(done))
+			w, err := pwrite(fd, part[done:], int64(off)+int64(done))
 			if err != nil {
 				return fmt.Errorf("copying byte %d of the allocation into the memfd: %w", off+uint64(done), sysErr(err))
 			}

@@ -1,10 +1,6 @@
 package host
 
-import (
-	"fmt"
-
-	"golang.org/x/sys/unix"
-)
+import "fmt"
 
 // arena is the one sparse memfd that holds the unexportable pages of a
 // device. Pages are extents of it; nothing of the file takes memory until a
@@ -18,12 +14,12 @@ type arena struct {
 
 // newArena makes the arena of device dev, size bytes long.
 func newArena(dev int, size uint64) (*arena, error) {
-	fd, err := unix.MemfdCreate(fmt.Sprintf("xseg-host-arena-dev%d", dev), unix.MFD_CLOEXEC)
+	fd, err := createArenaFile(fmt.Sprintf("xseg-host-arena-dev%d", dev))
 	if err != nil {
 		return nil, fmt.Errorf("creating the arena memfd of device %d: %w", dev, sysErr(err))
 	}
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		cerr := unix.Close(fd)
+	if err := truncate(fd, size); err != nil {
+		cerr := closeFD(fd)
 		return nil, fmt.Errorf("sizing the arena of device %d to %d bytes: %w (closing it: %v)", dev, size, sysErr(err), cerr)
 	}
 	a := &arena{fd: fd, size: size}
@@ -38,7 +34,7 @@ func (a *arena) alloc(size uint64) (uint64, error) {
 	if off, ok := a.free.take(size); ok {
 		return off, nil
 	}
-	if err := unix.Ftruncate(a.fd, int64(a.size+size)); err != nil {
+	if err := truncate(a.fd, a.size+size); err != nil {
 		return 0, fmt.Errorf("growing the arena from %d by %d bytes: %w", a.size, size, sysErr(err))
 	}
 	a.free.give(a.size, size)
@@ -48,11 +44,4 @@ func (a *arena) alloc(size uint64) (uint64, error) {
 		panic(fmt.Sprintf("host: no room for %d bytes in an arena just grown by as much", size))
 	}
 	return off, nil
-}
-
-// punch gives the memory behind [off, off+size) back to the system; the file
-// keeps its length and the bytes read as zero from then on. It touches no
-// guarded state and runs without the Driver's lock.
-func punch(fd int, off, size uint64) error {
-	return unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(size))
 }

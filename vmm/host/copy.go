@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -29,9 +27,9 @@ func (d *Driver) checkTouch(ptr vmm.DevicePtr, n uint64, write bool) error {
 		}
 		return nil
 	}
-	want := unix.PROT_READ
+	want := protRead
 	if write {
-		want |= unix.PROT_WRITE
+		want |= protWrite
 	}
 	for p := ptr; p < end; {
 		m, ok := d.books.Lookup(p)
@@ -180,7 +178,7 @@ func (d *Driver) MemAlloc(dev vmm.Device, size uint64) (vmm.DevicePtr, error) {
 	if err != nil {
 		return 0, fmt.Errorf("allocating %d bytes: %w", size, err)
 	}
-	addr, err := mmap(0, mapped, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE, -1, 0)
+	addr, err := mapAnonymous(mapped)
 	if err != nil {
 		d.untake(dev, mapped)
 		return 0, fmt.Errorf("allocating %d bytes: %w", size, sysErr(err))
@@ -220,7 +218,7 @@ func (d *Driver) MemFree(ptr vmm.DevicePtr) error {
 	delete(d.mu.allocs, ptr)
 	d.mu.used[a.dev] -= a.size
 	if a.memfd >= 0 {
-		if err := unix.Close(a.memfd); err != nil {
+		if err := closeFD(a.memfd); err != nil {
 			return fmt.Errorf("freeing %v: closing its memfd: %w", ptr, err)
 		}
 	}

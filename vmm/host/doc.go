@@ -5,6 +5,9 @@
 // embedded default backend: everything above package vmm runs and is tested
 // with it on a machine without a GPU.
 //
+// The package builds on every system, but only Linux has the calls it is
+// made of: elsewhere [Open] fails with vmm.ErrNotSupported.
+//
 // # Devices and capacity
 //
 // [Open] makes Options.Devices virtual devices of Options.Capacity bytes each

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/internal/ledger"
 )
@@ -131,15 +129,6 @@ func Open(o Options) (*Driver, error) {
 	return d, nil
 }
 
-// hostName names this machine for the device UUIDs.
-func hostName() string {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return ""
-	}
-	return unix.ByteSliceToString(u.Nodename[:])
-}
-
 // deviceUUID derives the UUID of a device from the machine and the ordinal:
 // every process on the machine sees the same UUID for the same device, as
 // with a GPU, so an importer can tell which device an exported page is on.
@@ -254,7 +243,7 @@ func (d *Driver) closeFDs() error {
 	defer d.mu.Unlock()
 	var errs []error
 	for i, a := range d.mu.arenas {
-		if err := unix.Close(a.fd); err != nil {
+		if err := closeFD(a.fd); err != nil {
 			errs = append(errs, fmt.Errorf("closing the arena of device %d: %w", i, err))
 		}
 	}
@@ -263,7 +252,7 @@ func (d *Driver) closeFDs() error {
 		if !b.own {
 			continue
 		}
-		if err := unix.Close(b.fd); err != nil {
+		if err := closeFD(b.fd); err != nil {
 			errs = append(errs, fmt.Errorf("closing the memfd of page %#x: %w", uint64(h), err))
 		}
 	}
@@ -272,7 +261,7 @@ func (d *Driver) closeFDs() error {
 		if a.memfd < 0 {
 			continue
 		}
-		if err := unix.Close(a.memfd); err != nil {
+		if err := closeFD(a.memfd); err != nil {
 			errs = append(errs, fmt.Errorf("closing the memfd of allocation %v: %w", p, err))
 		}
 		a.memfd = -1

@@ -5,8 +5,6 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -99,7 +97,7 @@ func (d *Driver) createOwn(dev vmm.Device, size uint64) (*backing, error) {
 	}
 	if err := sizeAndSeal(fd, size); err != nil {
 		d.untake(dev, size)
-		return nil, fmt.Errorf("making an exportable page of %d bytes: %w (closing it: %v)", size, err, unix.Close(fd))
+		return nil, fmt.Errorf("making an exportable page of %d bytes: %w (closing it: %v)", size, err, closeFD(fd))
 	}
 	return &backing{fd: fd, own: true, dev: dev, size: size}, nil
 }
@@ -146,7 +144,7 @@ func (d *Driver) Release(h vmm.Handle) error {
 		d.mu.arenas[b.dev].free.give(uint64(b.offset), b.size)
 		return nil
 	}
-	if err := unix.Close(b.fd); err != nil {
+	if err := closeFD(b.fd); err != nil {
 		return fmt.Errorf("releasing page %#x: closing its memfd: %w", uint64(h), err)
 	}
 	return nil
@@ -175,7 +173,7 @@ func (d *Driver) ExportFD(h vmm.Handle) (int, error) {
 	if !ok || !b.own {
 		return -1, fmt.Errorf("exporting page %#x: not a live exportable page: %w", uint64(h), vmm.ErrInvalid)
 	}
-	fd, err := unix.FcntlInt(uintptr(b.fd), unix.F_DUPFD_CLOEXEC, 0)
+	fd, err := dupFD(b.fd)
 	if err != nil {
 		return -1, fmt.Errorf("exporting page %#x: dup: %w", uint64(h), sysErr(err))
 	}
@@ -195,38 +193,34 @@ func (d *Driver) ImportFD(fd int) (vmm.Handle, error) {
 		return 0, err
 	}
 	defer d.life.RUnlock()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return 0, fmt.Errorf("importing fd %d: %w", fd, sysErr(err))
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return 0, fmt.Errorf("importing fd %d: not a memory file (mode %#o): %w", fd, st.Mode, vmm.ErrInvalid)
+	size, err := regularFileSize(fd)
+	if err != nil {
+		return 0, fmt.Errorf("importing fd %d: %w", fd, err)
 	}
 	if err := checkSealed(fd); err != nil {
 		return 0, fmt.Errorf("importing fd %d: %w", fd, err)
 	}
-	if err := d.books.CheckSize("importing fd "+strconv.Itoa(fd)+": page", uint64(st.Size)); err != nil {
+	if err := d.books.CheckSize("importing fd "+strconv.Itoa(fd)+": page", uint64(size)); err != nil {
 		return 0, err
 	}
-	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	dup, err := dupFD(fd)
 	if err != nil {
 		return 0, fmt.Errorf("importing fd %d: dup: %w", fd, sysErr(err))
 	}
 	dev := d.memfdDevice(dup)
-	h := d.addPage(&backing{fd: dup, own: true, imported: true, dev: dev, size: uint64(st.Size)})
-	d.books.AddPage(h, dev, uint64(st.Size), vmm.HandlePosixFD)
+	h := d.addPage(&backing{fd: dup, own: true, imported: true, dev: dev, size: uint64(size)})
+	d.books.AddPage(h, dev, uint64(size), vmm.HandlePosixFD)
 	return h, nil
 }
 
 // memfdDevice reads the device of an exportable page from its memfd's name,
 // 0 if the name says none of this driver's devices.
 func (d *Driver) memfdDevice(fd int) vmm.Device {
-	buf := make([]byte, 256)
-	n, err := unix.Readlink("/proc/self/fd/"+strconv.Itoa(fd), buf)
+	name, err := fdName(fd)
 	if err != nil {
 		return 0
 	}
-	dev, ok := parseMemfdDevice(string(buf[:n]))
+	dev, ok := parseMemfdDevice(name)
 	if !ok || d.checkDevice(dev) != nil {
 		return 0
 	}

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -45,7 +43,7 @@ func (d *Driver) Reserve(size, align uint64) (vmm.DevicePtr, error) {
 	if total < size {
 		return 0, fmt.Errorf("reserving %d bytes aligned to %d: too large: %w", size, align, vmm.ErrInvalid)
 	}
-	base, err := mmap(0, total, reserveProt, reserveFlags, -1, 0)
+	base, err := reserveAnywhere(total)
 	if err != nil {
 		return 0, fmt.Errorf("reserving %d bytes: %w", total, sysErr(err))
 	}
@@ -113,7 +111,7 @@ func (d *Driver) Map(ptr vmm.DevicePtr, size uint64, h vmm.Handle, offset uint64
 	d.mu.Lock()
 	b := *d.mu.pages[h] // live: the ledger just counted a mapping of it
 	d.mu.Unlock()
-	_, err = mmap(uintptr(ptr), size, unix.PROT_NONE, unix.MAP_SHARED|unix.MAP_FIXED, b.fd, b.offset+int64(offset))
+	err = mapFile(uintptr(ptr), size, protNone, b.fd, b.offset+int64(offset))
 	if err != nil {
 		d.books.UndoMap(m)
 		return fmt.Errorf("mapping %d bytes of page %#x at %v: %w", size, uint64(h), ptr, errors.Join(sysErr(err), unbacked(uintptr(ptr), size)))

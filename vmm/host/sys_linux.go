@@ -3,8 +3,7 @@ package host
 import (
 	"errors"
 	"fmt"
-	"math"
-	"unsafe"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 
@@ -61,33 +60,6 @@ func unbacked(addr uintptr, size uint64) error {
 	return err
 }
 
-// protOf is the protection that makes a mapping usable by every device of
-// access: the host has one protection for all of them.
-func protOf(access []vmm.AccessDesc) int {
-	prot := unix.PROT_NONE
-	for _, a := range access {
-		switch a.Flags {
-		case vmm.AccessReadWrite:
-			return unix.PROT_READ | unix.PROT_WRITE
-		case vmm.AccessRead:
-			prot = unix.PROT_READ
-		}
-	}
-	return prot
-}
-
-// hostBytes views n bytes of mapped memory at p as a slice. The caller has
-// checked, under Driver.prot, that all of it is mapped with the protection
-// it is about to use; otherwise touching the slice kills the process.
-func hostBytes(p vmm.DevicePtr, n uint64) []byte {
-	if n == 0 {
-		return nil
-	}
-	addr := uintptr(p)
-	base := *(*unsafe.Pointer)(unsafe.Pointer(&addr))
-	return unsafe.Slice((*byte)(base), n)
-}
-
 // sysErr wraps a system call's error with the vmm sentinel it amounts to,
 // keeping the errno reachable through errors.As.
 func sysErr(err error) error {
@@ -106,9 +78,85 @@ func sysErr(err error) error {
 	return errno
 }
 
-// roundUp rounds n up to a multiple of the power of two a; ok is false on
-// overflow.
-func roundUp(n, a uint64) (uint64, bool) {
-	r := (n + a - 1) &^ (a - 1)
-	return r, r >= n && n <= math.MaxUint64-(a-1)
+// Protections of a mapping, as protOf combines them.
+const (
+	protNone  = unix.PROT_NONE
+	protRead  = unix.PROT_READ
+	protWrite = unix.PROT_WRITE
+)
+
+// reserveAnywhere reserves size bytes where the kernel likes: the reserved
+// state of a range.
+func reserveAnywhere(size uint64) (uintptr, error) {
+	return mmap(0, size, reserveProt, reserveFlags, -1, 0)
+}
+
+// mapFile maps size bytes of the file fd from off exactly at addr, shared
+// and with protection prot, replacing whatever was mapped there.
+func mapFile(addr uintptr, size uint64, prot, fd int, off int64) error {
+	_, err := mmap(addr, size, prot, unix.MAP_SHARED|unix.MAP_FIXED, fd, off)
+	return err
+}
+
+// mapAnonymous maps size bytes of private, readable and writable memory
+// wherever the kernel likes: a plain allocation.
+func mapAnonymous(size uint64) (uintptr, error) {
+	return mmap(0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE, -1, 0)
+}
+
+// The file calls of the backend, on memfds.
+
+// createArenaFile makes the memfd of a device's arena.
+func createArenaFile(name string) (int, error) { return unix.MemfdCreate(name, unix.MFD_CLOEXEC) }
+
+// truncate sets the length of the file fd.
+func truncate(fd int, size uint64) error { return unix.Ftruncate(fd, int64(size)) }
+
+// punch gives the memory behind [off, off+size) back to the system; the file
+// keeps its length and the bytes read as zero from then on. It touches no
+// guarded state and runs without the Driver's lock.
+func punch(fd int, off, size uint64) error {
+	return unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(size))
+}
+
+// closeFD closes fd.
+func closeFD(fd int) error { return unix.Close(fd) }
+
+// dupFD returns a new close-on-exec descriptor of fd's open file.
+func dupFD(fd int) (int, error) { return unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0) }
+
+// pwrite writes b at offset off of fd.
+func pwrite(fd int, b []byte, off int64) (int, error) { return unix.Pwrite(fd, b, off) }
+
+// regularFileSize returns the length of fd's file, which must be a regular
+// file (a memfd is one), else vmm.ErrInvalid.
+func regularFileSize(fd int) (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, sysErr(err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return 0, fmt.Errorf("not a memory file (mode %#o): %w", st.Mode, vmm.ErrInvalid)
+	}
+	return st.Size, nil
+}
+
+// fdName is the name of fd's file as /proc/self/fd shows it; a memfd's
+// reads "/memfd:NAME (deleted)".
+func fdName(fd int) (string, error) {
+	buf := make([]byte, 256)
+	n, err := unix.Readlink("/proc/self/fd/"+strconv.Itoa(fd), buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}
+
+// hostName names this machine for the device UUIDs.
+func hostName() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Nodename[:])
 }

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/xseg-dev/xseg/vmm"
 )
@@ -46,11 +45,13 @@ func (e *env) allocShareFD(p vmm.DevicePtr, size uint64, f *os.File, fsize uint6
 
 	fd2, fsize2, err := exportAllocFD(e.d, p)
 	require.NoError(t, err, "a second export")
-	var st1, st2 unix.Stat_t
-	require.NoError(t, unix.Fstat(int(f.Fd()), &st1))
-	require.NoError(t, unix.Fstat(fd2, &st2))
-	require.NoError(t, unix.Close(fd2))
-	require.Equal(t, st1.Ino, st2.Ino, "a second export names the same file")
+	f2 := os.NewFile(uintptr(fd2), "second export")
+	st1, err := f.Stat()
+	require.NoError(t, err)
+	st2, err := f2.Stat()
+	require.NoError(t, err)
+	require.NoError(t, f2.Close())
+	require.True(t, os.SameFile(st1, st2), "a second export names the same file")
 	require.Equal(t, fsize, fsize2)
 
 	h, err := e.d.ImportFD(int(f.Fd()))

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/xseg-dev/xseg/vmm"
 )
@@ -82,7 +81,7 @@ func testExportWithoutPosixFD(t *testing.T, c Config) {
 	h := e.create(e.gran, vmm.HandleNone)
 	fd, err := e.d.ExportFD(h)
 	if err == nil {
-		_ = unix.Close(fd)
+		_ = closeFD(fd)
 		t.Fatalf("ExportFD of a page created without HandlePosixFD returned fd %d", fd)
 	}
 	require.True(t, isInvalidOrUnsupported(err), "ExportFD of a page created without HandlePosixFD: %v", err)

@@ -2,9 +2,8 @@ package vmmtest
 
 import (
 	"errors"
+	"os"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/xseg-dev/xseg/vmm"
 )
@@ -56,7 +55,7 @@ func warmPage(d vmm.Driver, dev vmm.Device) (err error) {
 		return err
 	}
 	imp, err := d.ImportFD(fd)
-	err = errors.Join(err, unix.Close(fd))
+	err = errors.Join(err, closeFD(fd))
 	if err != nil {
 		return err
 	}
@@ -81,3 +80,6 @@ func warmStream(d vmm.Driver, dev vmm.Device) (err error) {
 	}
 	return errors.Join(d.StreamSynchronize(s), d.EventSynchronize(e))
 }
+
+// closeFD closes fd, a descriptor a driver returned.
+func closeFD(fd int) error { return os.NewFile(uintptr(fd), "exported").Close() }

@@ -1,0 +1,82 @@
+package handles
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// The system calls of the package: those behind FD and the authentication
+// memfd (auth.go). Off Linux, sys_other.go answers them with
+// vmm.ErrNotSupported.
+
+// closeRaw closes the descriptor raw.
+func closeRaw(raw int) error { return unix.Close(raw) }
+
+// dupRaw returns a new close-on-exec descriptor of raw's open file.
+func dupRaw(raw int) (int, error) { return unix.FcntlInt(uintptr(raw), unix.F_DUPFD_CLOEXEC, 0) }
+
+// authSeals forbid any change: content, size, and the seals.
+const authSeals = unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+
+// FileIDOf returns the identity of the file fd names.
+func FileIDOf(fd int) (FileID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return FileID{}, fmt.Errorf("fstat of fd %d: %w", fd, err)
+	}
+	return FileID{Dev: st.Dev, Ino: st.Ino}, nil
+}
+
+// newSealedFile makes a memfd holding b, sealed against every change.
+func newSealedFile(b []byte) (*FD, error) {
+	raw, err := unix.MemfdCreate("xseg-share-auth", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("creating the share's authentication memfd: %w", err)
+	}
+	fd, err := NewFD(raw)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeSealed(raw, b); err != nil {
+		return nil, fmt.Errorf("filling the share's authentication memfd: %w (closing it: %v)", err, fd.Close())
+	}
+	return fd, nil
+}
+
+// writeSealed writes b at the start of the memfd raw and seals it.
+func writeSealed(raw int, b []byte) error {
+	for done := 0; done < len(b); {
+		n, err := unix.Pwrite(raw, b[done:], int64(done))
+		if err != nil {
+			return err
+		}
+		done += n
+	}
+	_, err := unix.FcntlInt(uintptr(raw), unix.F_ADD_SEALS, authSeals)
+	return err
+}
+
+// readAuth reads the authentication memfd fd, which must be sealed and
+// hold as many bytes as d's authentication does.
+func (d *Descriptor) readAuth(fd int) ([]byte, error) {
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals&authSeals != authSeals {
+		return nil, authErr("fd %d is not a sealed memfd (seals %#x, %v)", d.AuthFD, seals, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("fstat of the authentication memfd: %w", err)
+	}
+	want := authHeader + authEntry*len(d.PageFDs)
+	if st.Size != int64(want) {
+		return nil, authErr("fd %d holds %d bytes, an authentication of %d pages holds %d", d.AuthFD, st.Size, len(d.PageFDs), want)
+	}
+	b := make([]byte, want)
+	if n, err := unix.Pread(fd, b, 0); err != nil || n != want {
+		return nil, fmt.Errorf("reading the authentication memfd: %d of %d bytes: %v: %w", n, want, err, vmm.ErrInvalid)
+	}
+	return b, nil
+}

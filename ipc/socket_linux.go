@@ -1,0 +1,79 @@
+package ipc
+
+import (
+	"fmt"
+	"net"
+
+	"golang.org/x/sys/unix"
+)
+
+// The socket transport's system calls: a SOCK_SEQPACKET Unix socket, fds
+// passed as SCM_RIGHTS, the peer's SO_PEERCRED. Off Linux,
+// socket_other.go answers them with vmm.ErrNotSupported.
+
+// ucred is a peer's credentials.
+type ucred = unix.Ucred
+
+// listen serves the socket endpoint ("@name" abstract, else a path).
+func listen(endpoint string) (*net.UnixListener, error) {
+	return net.ListenUnix("unixpacket", &net.UnixAddr{Name: endpoint, Net: "unixpacket"})
+}
+
+// rights is the control message that passes fds.
+func rights(fds []int) []byte { return unix.UnixRights(fds...) }
+
+// closeRaw closes fds received from a peer.
+func closeRaw(raws []int) {
+	for _, raw := range raws {
+		_ = unix.Close(raw)
+	}
+}
+
+// recvMsg reads one message and the fds that came with it. The fds are
+// returned even with an error so the caller can close them; a truncated
+// message or control block is an error.
+func recvMsg(c *net.UnixConn, buf []byte) (int, []int, error) {
+	oob := make([]byte, unix.CmsgSpace(maxBatch*4))
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return 0, nil, err
+	}
+	var fds []int
+	if oobn > 0 {
+		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+		if perr != nil {
+			return n, nil, fmt.Errorf("parsing control messages: %w", perr)
+		}
+		for i := range msgs {
+			got, rerr := unix.ParseUnixRights(&msgs[i])
+			if rerr == nil {
+				fds = append(fds, got...)
+			}
+		}
+	}
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		return n, fds, fmt.Errorf("message truncated (flags %#x)", flags)
+	}
+	return n, fds, nil
+}
+
+// peerCred returns the credentials of the process at the other end of c
+// (for a client, those of the server when it listened).
+func peerCred(c *net.UnixConn) (*ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *ucred
+	var cerr error
+	err = rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	})
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading SO_PEERCRED: %w", err)
+	}
+	return cred, nil
+}
