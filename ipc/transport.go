@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 
 	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/vmm"
@@ -32,18 +33,50 @@ const (
 	TransportCUDAIPC
 )
 
+// transportSpec is what package ipc knows of a transport: adding one is a
+// Transport constant and a row of transports.
+type transportSpec struct {
+	name string
+	// fetch obtains d's pages this way.
+	fetch func(ctx context.Context, d *handles.Descriptor) (*Received, error)
+	// auto are the descriptor kinds for which Fetch tries it when no
+	// order is given, in the order of the table.
+	auto []handles.Kind
+}
+
+// transports are the transports by Transport (index 0 is none).
+var transports = [...]transportSpec{
+	TransportPidfd:   {name: "pidfd", fetch: fetchPidfdLeased, auto: []handles.Kind{handles.KindPosixFD}},
+	TransportSocket:  {name: "socket", fetch: fetchSocketLeased, auto: []handles.Kind{handles.KindPosixFD}},
+	TransportFabric:  {name: "fabric", fetch: fetchFabric, auto: []handles.Kind{handles.KindFabric}},
+	TransportCUDAIPC: {name: "cuda-ipc", fetch: fetchCUDAIPC, auto: []handles.Kind{handles.KindCUDAIPC}},
+}
+
+// spec is t's row, or nil for no transport.
+func (t Transport) spec() *transportSpec {
+	if t == 0 || int(t) >= len(transports) {
+		return nil
+	}
+	return &transports[t]
+}
+
 func (t Transport) String() string {
-	switch t {
-	case TransportPidfd:
-		return "pidfd"
-	case TransportSocket:
-		return "socket"
-	case TransportFabric:
-		return "fabric"
-	case TransportCUDAIPC:
-		return "cuda-ipc"
+	if ts := t.spec(); ts != nil {
+		return ts.name
 	}
 	return fmt.Sprintf("Transport(%d)", uint8(t))
+}
+
+// autoTransports are the transports Fetch tries for a descriptor of kind k
+// when FetchOptions gives none.
+func autoTransports(k handles.Kind) []Transport {
+	var ts []Transport
+	for t := range transports {
+		if slices.Contains(transports[t].auto, k) {
+			ts = append(ts, Transport(t))
+		}
+	}
+	return ts
 }
 
 // ErrRefused: the exporter refused the request (its policy does not admit
@@ -121,13 +154,7 @@ func Fetch(ctx context.Context, d *handles.Descriptor, opts FetchOptions) (*Rece
 	}
 	order := opts.Transports
 	if order == nil {
-		order = []Transport{TransportPidfd, TransportSocket}
-		switch d.Kind {
-		case handles.KindFabric:
-			order = []Transport{TransportFabric}
-		case handles.KindCUDAIPC:
-			order = []Transport{TransportCUDAIPC}
-		}
+		order = autoTransports(d.Kind)
 	}
 	var errs []error
 	for _, t := range order {
@@ -144,36 +171,42 @@ func Fetch(ctx context.Context, d *handles.Descriptor, opts FetchOptions) (*Rece
 }
 
 func fetchVia(ctx context.Context, t Transport, d *handles.Descriptor) (*Received, error) {
-	var fds []*handles.FD
-	var lease *net.UnixConn
-	var err error
-	switch t {
-	case TransportPidfd:
-		if fds, err = fetchPidfd(d); err == nil {
-			if lease, err = takeLease(ctx, d); err != nil {
-				err = errors.Join(fmt.Errorf("fetched the fds, but: %w", err), handles.CloseAll(fds))
-			}
-		}
-	case TransportSocket:
-		fds, lease, err = fetchSocket(ctx, d)
-	case TransportFabric:
-		return fetchFabric(d)
-	case TransportCUDAIPC:
-		return fetchCUDAIPC(ctx, d)
-	default:
-		err = fmt.Errorf("unknown transport: %w", vmm.ErrInvalid)
+	ts := t.spec()
+	if ts == nil {
+		return nil, fmt.Errorf("unknown transport: %w", vmm.ErrInvalid)
 	}
+	return ts.fetch(ctx, d)
+}
+
+// fetchPidfdLeased takes the page fds with pidfd_getfd, then a lease on
+// the exporter's socket.
+func fetchPidfdLeased(ctx context.Context, d *handles.Descriptor) (*Received, error) {
+	fds, err := fetchPidfd(d)
 	if err != nil {
 		return nil, err
 	}
-	return &Received{Via: t, FDs: fds, lease: lease}, nil
+	lease, err := takeLease(ctx, d)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("fetched the fds, but: %w", err), handles.CloseAll(fds))
+	}
+	return &Received{Via: TransportPidfd, FDs: fds, lease: lease}, nil
+}
+
+// fetchSocketLeased asks the exporter's socket for the fds; the connection
+// is the lease.
+func fetchSocketLeased(ctx context.Context, d *handles.Descriptor) (*Received, error) {
+	fds, lease, err := fetchSocket(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	return &Received{Via: TransportSocket, FDs: fds, lease: lease}, nil
 }
 
 // fetchFabric is the fabric hook: the handles travel inside the descriptor,
 // so there is nothing to move. Importing them is the driver's job
 // (vmm.Driver.ImportFabric), and failing there is the importer's cue to ask
 // the exporter for a posix-fd share instead.
-func fetchFabric(d *handles.Descriptor) (*Received, error) {
+func fetchFabric(_ context.Context, d *handles.Descriptor) (*Received, error) {
 	if d.Kind != handles.KindFabric {
 		return nil, fmt.Errorf("a %s descriptor carries no fabric handles: %w", d.Kind, vmm.ErrNotSupported)
 	}
