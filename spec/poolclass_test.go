@@ -55,5 +55,5 @@ func TestUnknownPool(t *testing.T) {
 	require.Equal(t, "Pool(-1)", Pool(-1).String())
 	var s PoolStat
 	require.Panics(t, func() { s.Add(bad, 1) })
-	require.Panics(t, func() { DefaultConfig().PageSize(bad) })
+	require.Panics(t, func() { _ = DefaultConfig().PageSize(bad) + 1 })
 }
