@@ -30,6 +30,15 @@
 // map, unmap, retry and out-of-memory counts. [OpenStreams] makes the driver
 // streams a trace uses.
 //
+// # Variants
+//
+// [Perturb] derives a variant of a trace from a seed ([Perturbation]): a
+// long-lived block allocated first, so every address moves, and every
+// distinct size raised by a few percent, equal sizes alike. A policy whose
+// ratio holds only for the exact trace shows it on the variants;
+// [SpreadOf] summarises their ratios. The same seed gives the same variant
+// everywhere, so bench/traces/baseline.json can hold ratios by seed.
+//
 // A Trace is immutable once parsed and may be replayed by several goroutines
 // at once; everything else here is for one goroutine at a time.
 package trace

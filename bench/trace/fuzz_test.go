@@ -2,8 +2,11 @@ package trace
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
+
+	"github.com/xseg-dev/xseg/vmm"
 )
 
 // FuzzParse feeds Parse arbitrary input, plain and gzipped: it must not
@@ -27,6 +30,14 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		checkTrace(t, tr)
+		v, err := Perturb(tr, DefaultPerturbation(uint64(len(data))))
+		if err != nil {
+			if !errors.Is(err, vmm.ErrInvalid) {
+				t.Fatalf("perturbing: %v", err)
+			}
+			return
+		}
+		checkTrace(t, v)
 	})
 }
 
@@ -40,8 +51,8 @@ func checkTrace(t *testing.T, tr *Trace) {
 	var bytesLive, peak uint64
 	sizes := make([]uint64, tr.Slots)
 	line, nLive := uint32(0), 0
-	for _, e := range tr.Events {
-		if e.Line <= line {
+	for i, e := range tr.Events {
+		if e.Line <= line && (i != 0 || e.Line != 0) { // Line 0: a perturbation's first block
 			t.Fatalf("event lines not increasing: %d after %d", e.Line, line)
 		}
 		line = e.Line
