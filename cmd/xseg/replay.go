@@ -27,6 +27,9 @@ type replayFlags struct {
 	json      bool
 	verbose   bool
 	plot      string
+	perturb   int
+	seed      uint64
+	jitter    float64
 }
 
 func newReplayCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -44,9 +47,22 @@ trace's peak of live bytes, the allocator's peak of reserved bytes, their ratio 
 event, pages mapped and unmapped, allocation retries and out-of-memory errors.
 Sizes are printed in KiB, MiB and GiB; --json prints them in bytes. Trace stream 0 is the default stream; every other trace
 stream gets a stream of its own. Blocks still live at the end are freed after
-the timing. It fails if a trace does not parse or an allocation fails.`,
+the timing. It fails if a trace does not parse or an allocation fails.
+
+--perturb N also replays N variants of each trace, with seeds --seed to
+--seed+N-1, each through a fresh allocator: a long-lived block of 1.5 to
+20 MiB allocated first (every address moves), and every distinct size raised
+by a fraction drawn in [0, --jitter) once per size (equal sizes stay equal).
+A variant's ratio is over its own peak of live bytes, the first block
+included. The table then shows each trace's ratio and the best, median and
+worst ratio of its variants with the worst one's seed; --json adds the
+field "variants", one result (with its "seed") per variant. A policy whose
+ratio holds only for the exact trace shows there.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, paths []string) error {
+			if err := checkPerturbFlags(cmd, f); err != nil {
+				return err
+			}
 			cmd.SilenceUsage = true
 			return runReplay(f, paths, stdout, stderr)
 		},
@@ -60,7 +76,36 @@ the timing. It fails if a trace does not parse or an allocation fails.`,
 	fl.BoolVar(&f.json, "json", false, "print one JSON object a line per trace")
 	fl.BoolVarP(&f.verbose, "verbose", "v", false, "log the allocator's informational messages to stderr")
 	fl.StringVar(&f.plot, "plot", "", "draw live and reserved bytes over each trace's events into `FILE.png` (or .svg, .pdf, ...; with several traces, FILE.<trace>.png)")
+	fl.IntVar(&f.perturb, "perturb", 0, "also replay `N` perturbed variants of each trace and report their worst ratio")
+	fl.Uint64Var(&f.seed, "seed", 1, "with --perturb, the seed `S` of the first variant; the others follow it")
+	fl.Float64Var(&f.jitter, "jitter", trace.DefaultJitter, "with --perturb, the largest fraction `F` by which a size is raised")
 	return cmd
+}
+
+// checkPerturbFlags rejects a negative --perturb, a --jitter outside [0,
+// 1], and --seed or --jitter without --perturb (they would do nothing).
+func checkPerturbFlags(cmd *cobra.Command, f *replayFlags) error {
+	if f.perturb < 0 {
+		return fmt.Errorf("--perturb %d: want a number of variants, 0 or more", f.perturb)
+	}
+	if err := f.perturbation(0).Validate(); err != nil {
+		return fmt.Errorf("--jitter %v: %w", f.jitter, err)
+	}
+	if f.perturb == 0 {
+		for _, name := range []string{"seed", "jitter"} {
+			if cmd.Flags().Changed(name) {
+				return fmt.Errorf("--%s applies to the variants of --perturb N, and --perturb is 0", name)
+			}
+		}
+	}
+	return nil
+}
+
+// perturbation is the perturbation of the variant with seed seed.
+func (f *replayFlags) perturbation(seed uint64) trace.Perturbation {
+	p := trace.DefaultPerturbation(seed)
+	p.Jitter = f.jitter
+	return p
 }
 
 // runReplay parses every trace, then replays them one by one on one driver.
@@ -93,6 +138,9 @@ func runReplay(f *replayFlags, paths []string, stdout, stderr io.Writer) error {
 	}
 	r := &replayer{flags: f, d: d, dev: vmm.Device(f.device), cfg: cfg, stderr: stderr, log: newLogger(stderr, f.verbose), plot: plot}
 	out := newResultPrinter(stdout, f.json)
+	if f.perturb > 0 {
+		out.variants = describeVariants(f)
+	}
 	name := f.allocator.value
 	if c, err := xseg.ChooseAllocator(d, vmm.Device(f.device), name); err == nil {
 		name = c.Allocator
@@ -110,12 +158,10 @@ func runReplay(f *replayFlags, paths []string, stdout, stderr io.Writer) error {
 			errs = append(errs, err)
 			continue
 		}
-		if err := out.add(res); err != nil {
-			errs = append(errs, err)
-		}
-		if res.FailedAllocs > 0 {
-			errs = append(errs, fmt.Errorf("%s: %d allocations failed, the first: %w", t.Name, res.FailedAllocs, res.FirstFailure))
-		}
+		errs = append(errs, failedAllocs(res))
+		rep := traceReport{Result: res}
+		rep.Variants, err = r.variants(t)
+		errs = append(errs, err, out.add(rep))
 	}
 	errs = append(errs, out.flush(), r.plot.write(stderr), d.Close())
 	return errors.Join(errs...)
@@ -166,12 +212,30 @@ func newLogger(w io.Writer, verbose bool) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
 }
 
+// failedAllocs is the error for a replay whose allocations failed, nil
+// for one whose did not.
+func failedAllocs(res trace.Result) error {
+	if res.FailedAllocs == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s: %d allocations failed, the first: %w", res.Trace, res.FailedAllocs, res.FirstFailure)
+}
+
+// traceReport is what is printed of one trace: its replay's result and,
+// with --perturb, its variants'. The JSON of Result is kept, with one key
+// more, "variants", with --perturb only.
+type traceReport struct {
+	trace.Result
+	Variants []trace.VariantResult `json:"variants,omitempty"`
+}
+
 // resultPrinter prints results as a table (at flush) or as JSON lines (at
 // once).
 type resultPrinter struct {
-	w      io.Writer
-	json   *json.Encoder
-	result []trace.Result
+	w        io.Writer
+	json     *json.Encoder
+	result   []traceReport
+	variants string // with --perturb, the line above the variants' table
 }
 
 func newResultPrinter(w io.Writer, asJSON bool) *resultPrinter {
@@ -182,7 +246,7 @@ func newResultPrinter(w io.Writer, asJSON bool) *resultPrinter {
 	return p
 }
 
-func (p *resultPrinter) add(r trace.Result) error {
+func (p *resultPrinter) add(r traceReport) error {
 	if p.json != nil {
 		return p.json.Encode(r)
 	}

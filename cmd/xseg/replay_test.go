@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -214,4 +215,96 @@ func TestReplayHugePageConf(t *testing.T) {
 	require.ErrorIs(t, err, vmm.ErrInvalid)
 	require.ErrorContains(t, err, "--conf: config: large_page_mb: a page of 18446744073707454464 bytes is larger than 1 TiB")
 	require.NotContains(t, err.Error(), "reserving")
+}
+
+func TestReplayPerturbJSON(t *testing.T) {
+	tr := writeTrace(t, "a.trace", synthetic)
+	out, _, err := run(t, "replay", "--backend", "host", "--json", "--perturb", "3", "--seed", "5", tr)
+	require.NoError(t, err)
+	var rep struct {
+		Trace    string  `json:"trace"`
+		PeakLive uint64  `json:"peak_live"`
+		Ratio    float64 `json:"ratio"`
+		Variants []struct {
+			Seed     uint64  `json:"seed"`
+			Trace    string  `json:"trace"`
+			Events   int     `json:"events"`
+			PeakLive uint64  `json:"peak_live"`
+			Ratio    float64 `json:"ratio"`
+			Maps     int64   `json:"maps"`
+		} `json:"variants"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.Equal(t, tr, rep.Trace)
+	require.EqualValues(t, syntheticPeak, rep.PeakLive, "the trace's own result is unchanged")
+	require.Len(t, rep.Variants, 3)
+	for i, v := range rep.Variants {
+		require.EqualValues(t, 5+i, v.Seed)
+		require.Equal(t, fmt.Sprintf("%s (seed %d)", tr, 5+i), v.Trace)
+		require.Equal(t, 10, v.Events, "one event more: the first block")
+		// The first block (1.5 to 20 MiB) is live at the peak; sizes grow by
+		// less than 5 %.
+		require.Greater(t, v.PeakLive, uint64(syntheticPeak+3<<19))
+		require.Less(t, v.PeakLive, uint64(syntheticPeak*105/100+20<<20))
+		require.GreaterOrEqual(t, v.Ratio, 1.0)
+		require.Positive(t, v.Maps)
+	}
+	require.NotEqual(t, rep.Variants[0].PeakLive, rep.Variants[1].PeakLive)
+
+	again, _, err := run(t, "replay", "--backend", "host", "--json", "--perturb", "1", "--seed", "6", tr)
+	require.NoError(t, err)
+	var one struct {
+		Variants []struct {
+			PeakLive uint64 `json:"peak_live"`
+			Ratio    float64
+		} `json:"variants"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(again), &one))
+	require.Len(t, one.Variants, 1)
+	require.Equal(t, rep.Variants[1].PeakLive, one.Variants[0].PeakLive, "a seed replays alone as in a run of several")
+	require.Equal(t, rep.Variants[1].Ratio, one.Variants[0].Ratio)
+}
+
+func TestReplayPerturbTable(t *testing.T) {
+	tr := writeTrace(t, "a.trace", synthetic)
+	out, _, err := run(t, "replay", "--backend", "host", "--perturb", "4", "--jitter", "0.02", tr)
+	require.NoError(t, err)
+	require.Contains(t, out, "peak reserved / peak live of 4 variants a trace, seeds 1 to 4: "+
+		"a first block of 1.5 MiB to 20 MiB live to the end, every distinct size raised by up to 2 %")
+	require.Regexp(t, `trace +trace's ratio +variants +best +median +worst +worst seed\n`, out)
+	m := regexp.MustCompile(regexpQuote(tr) + ` +(1\.\d{4}) +4 +(1\.\d{4}) +(1\.\d{4}) +(1\.\d{4}) +([1-4])\n`).FindStringSubmatch(out)
+	require.NotNil(t, m, out)
+	require.LessOrEqual(t, m[2], m[3])
+	require.LessOrEqual(t, m[3], m[4])
+}
+
+func TestReplayPerturbFlags(t *testing.T) {
+	tr := writeTrace(t, "a.trace", synthetic)
+	for _, c := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--perturb", "-1"}, "--perturb -1: want a number of variants, 0 or more"},
+		{[]string{"--perturb", "2", "--jitter", "1.5"}, "--jitter 1.5: perturbation: jitter 1.5 is not in [0, 1]: invalid argument"},
+		{[]string{"--perturb", "2", "--jitter", "NaN"}, "--jitter NaN: perturbation: jitter NaN is not in [0, 1]: invalid argument"},
+		{[]string{"--seed", "3"}, "--seed applies to the variants of --perturb N, and --perturb is 0"},
+		{[]string{"--jitter", "0.1"}, "--jitter applies to the variants of --perturb N, and --perturb is 0"},
+		{[]string{"--perturb", "2", "--seed", "-1"}, `--seed -1: strconv.ParseUint: parsing "-1": invalid syntax`},
+	} {
+		_, _, err := run(t, append(append([]string{"replay", "--backend", "host"}, c.args...), tr)...)
+		require.EqualError(t, err, c.msg, "%v", c.args)
+	}
+}
+
+// TestReplayPerturbOutOfMemory: a variant whose allocations fail is
+// reported, and fails the command, like the trace itself.
+func TestReplayPerturbOutOfMemory(t *testing.T) {
+	// 64 MiB of host memory: the trace needs 60 MiB, a variant more.
+	tr := writeTrace(t, "big.trace", "a 1 62914560 0\nf 1\n")
+	out, _, err := run(t, "replay", "--backend", "host", "--capacity", "64MiB", "--json", "--perturb", "1", "--seed", "2", tr)
+	require.ErrorIs(t, err, vmm.ErrOutOfMemory)
+	require.ErrorContains(t, err, tr+" (seed 2): 1 allocations failed")
+	var m map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &m))
+	require.Len(t, m["variants"], 1)
 }

@@ -27,10 +27,39 @@ type replayer struct {
 	plot   *tracePlot // nil without --plot
 }
 
-// replay runs one trace: streams, a fresh allocator, the timed events, then
-// everything given back. It fails if the driver holds more afterwards than
-// before (a leak of the allocator).
+// replay runs one trace, plotted if --plot asks.
 func (r *replayer) replay(t *trace.Trace) (trace.Result, error) {
+	return r.replayOn(t, r.plot)
+}
+
+// variants replays the variants of t that --perturb asks for, in the order
+// of their seeds, none plotted. It stops at the first variant whose replay
+// fails; a variant whose allocations fail is reported with the others and
+// its error joined to the one returned.
+func (r *replayer) variants(t *trace.Trace) ([]trace.VariantResult, error) {
+	var out []trace.VariantResult
+	var errs []error
+	for i := range r.flags.perturb {
+		seed := r.flags.seed + uint64(i)
+		v, err := trace.Perturb(t, r.flags.perturbation(seed))
+		if err != nil {
+			return out, errors.Join(append(errs, err)...)
+		}
+		res, err := r.replayOn(v, nil)
+		if err != nil {
+			return out, errors.Join(append(errs, err)...)
+		}
+		out = append(out, trace.VariantResult{Seed: seed, Result: res})
+		errs = append(errs, failedAllocs(res))
+	}
+	return out, errors.Join(errs...)
+}
+
+// replayOn runs one trace: streams, a fresh allocator, the timed events
+// (sampled into plot if it is not nil), then everything given back. It
+// fails if the driver holds more afterwards than before (a leak of the
+// allocator).
+func (r *replayer) replayOn(t *trace.Trace, plot *tracePlot) (trace.Result, error) {
 	before := r.d.Usage()
 	streams, destroy, err := trace.OpenStreams(r.d, r.dev, t)
 	if err != nil {
@@ -46,9 +75,9 @@ func (r *replayer) replay(t *trace.Trace) (trace.Result, error) {
 	if err != nil {
 		return trace.Result{}, errors.Join(fmt.Errorf("%s: opening the allocator: %w", t.Name, bare(err)), destroy())
 	}
-	sample, every := r.plot.sampler(t, a)
+	sample, every := plot.sampler(t, a)
 	res, err := trace.Replay(t, a, trace.Options{Streams: streams, Progress: r.progress(t), Sample: sample, SampleEvery: every})
-	r.plot.result(res)
+	plot.result(res)
 	errs := []error{err}
 	if err := a.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("%s: closing the allocator: %w", t.Name, err))
@@ -95,5 +124,35 @@ func (p *resultPrinter) flush() error {
 			width, r.Trace, r.Events, bytesize.Format(r.PeakLive), bytesize.Format(r.PeakReserved), r.Ratio,
 			r.NsPerEvent, r.Maps, r.Unmaps, r.Retries, r.OOMs)
 	}
+	if err := tw.Flush(); err != nil || p.variants == "" {
+		return err
+	}
+	return p.flushVariants(width)
+}
+
+// flushVariants prints, for --perturb, each trace's ratio beside the
+// spread of its variants' ratios.
+func (p *resultPrinter) flushVariants(width int) error {
+	fmt.Fprintf(p.w, "\n%s\n", p.variants)
+	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "%-*s\ttrace's ratio\tvariants\tbest\tmedian\tworst\tworst seed\t\n", width, "trace")
+	for _, r := range p.result {
+		s := trace.SpreadOf(r.Variants)
+		if s.Variants == 0 {
+			fmt.Fprintf(tw, "%-*s\t%.4f\t0\t\t\t\t\t\n", width, r.Trace, r.Ratio)
+			continue
+		}
+		fmt.Fprintf(tw, "%-*s\t%.4f\t%d\t%.4f\t%.4f\t%.4f\t%d\t\n",
+			width, r.Trace, r.Ratio, s.Variants, s.Best, s.Median, s.Worst, s.WorstSeed)
+	}
 	return tw.Flush()
+}
+
+// describeVariants is the line above the variants' table: what was
+// perturbed, and how to replay the worst variant alone.
+func describeVariants(f *replayFlags) string {
+	p := f.perturbation(f.seed)
+	return fmt.Sprintf("peak reserved / peak live of %d variants a trace, seeds %d to %d: a first block of %s to %s live to the end, "+
+		"every distinct size raised by up to %g %% (--perturb 1 --seed S replays seed S alone)",
+		f.perturb, f.seed, f.seed+uint64(f.perturb)-1, bytesize.Format(p.ShiftMin), bytesize.Format(p.ShiftMax), 100*p.Jitter)
 }
