@@ -66,6 +66,8 @@ func TestFaultMatrix(t *testing.T) {
 	threshold := matrixConfig()
 	threshold.ReleaseThreshold = 1 << 20
 	threshold.PageCacheBytes = 20 * mib
+	samePages := matrixConfig() // both pools on 2 MiB pages: a large growth takes the small pool's free pages
+	samePages.LargePageSize = 2 * mib
 	var held []vmm.DevicePtr
 	scenarios := []vmmtest.Scenario{
 		allocScenario("alloc", matrixConfig(), none,
@@ -89,6 +91,16 @@ func TestFaultMatrix(t *testing.T) {
 			},
 			func(a *Allocator) error { _, err := a.Alloc(100*mib, 0); return err },
 			func(a *Allocator) error { return allocFree(a, 100*mib) }),
+		allocScenario("steal-across-pools", samePages,
+			func(a *Allocator) error {
+				var err error
+				if held, err = alloc(a, 512<<10, 512<<10, 512<<10, 512<<10); err != nil {
+					return err
+				}
+				return errors.Join(a.Free(held[0]), a.Free(held[1]), a.Free(held[2]), a.Free(held[3]))
+			},
+			func(a *Allocator) error { _, err := a.Alloc(4*mib, 0); return err },
+			func(a *Allocator) error { return allocFree(a, 4*mib) }),
 		allocScenario("empty-cache", matrixConfig(),
 			func(a *Allocator) error {
 				var err error

@@ -227,20 +227,36 @@ func (p *pages) unmapLocked(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *c
 
 // takePage returns a cached page of the pool, or a new one.
 func (p *pages) takePage(pool core.Pool, st *core.Stats) (vmm.Handle, error) {
-	if c := p.cache[pool]; len(c) > 0 {
-		h := c[len(c)-1]
-		p.cache[pool] = c[:len(c)-1]
-		p.cacheBytes[pool] -= p.pageSize(pool)
-		st.PagesReused++
-		return h, nil
-	}
 	ps := p.pageSize(pool)
+	for _, q := range p.cacheOrder(pool) {
+		if c := p.cache[q]; len(c) > 0 {
+			h := c[len(c)-1]
+			p.cache[q] = c[:len(c)-1]
+			p.cacheBytes[q] -= ps
+			st.PagesReused++
+			return h, nil
+		}
+	}
 	h, err := p.d.Create(p.dev, ps, p.types)
 	if err != nil {
 		return 0, fmt.Errorf("creating a %d-byte page: %w", ps, err)
 	}
 	st.PagesCreated++
 	return h, nil
+}
+
+// cacheOrder lists the pools whose cached pages a run of pool may take:
+// pool itself, then every other pool whose pages are the same size (a
+// physical page fits any range of its size).
+func (p *pages) cacheOrder(pool core.Pool) []core.Pool {
+	order := make([]core.Pool, 0, core.NumPools)
+	order = append(order, pool)
+	for _, c := range p.cfg.PoolClasses() {
+		if c.Pool != pool && c.PageSize == p.pageSize(pool) {
+			order = append(order, c.Pool)
+		}
+	}
+	return order
 }
 
 // putPage keeps an unmapped page in the cache if it has room and releases

@@ -63,17 +63,38 @@ func (h *Heap) stealLocked(hole *block, rs uint64) bool {
 	}
 	skip := []*block{hole.prev, hole.next}
 	var got uint64
-	for _, s := range seg.st.segs {
-		n, err := h.unmapFreeLocked(s, budget-got, skip, false)
-		if got += n; err != nil {
-			h.log.Warn("xseg: unmapping free pages for reuse", "err", err)
-			return got > 0
-		}
-		if got >= budget {
-			return true
+	for _, st := range h.donorsLocked(seg) {
+		h.flush(st) // coalesce its exact-size lists: whole pages show only then
+		for _, s := range st.segs {
+			n, err := h.unmapFreeLocked(s, budget-got, skip, false)
+			if got += n; err != nil {
+				h.log.Warn("xseg: unmapping free pages for reuse", "err", err)
+				return got > 0
+			}
+			if got >= budget {
+				return true
+			}
 		}
 	}
 	return got > 0
+}
+
+// donorsLocked are the states whose free pages a growth of seg may take:
+// seg's own, then the other shared pools of its stream whose pages are the
+// same size (a physical page fits any address range of its size; the
+// Backing hands a cached page to whichever pool asks). In pool order, so
+// that a replay is the same every time.
+func (h *Heap) donorsLocked(seg *Seg) []*state {
+	donors := []*state{seg.st}
+	for _, p := range spec.Pools() {
+		if p >= seg.Pool || h.classes[p].PageSize != seg.PageSize {
+			continue
+		}
+		if st := h.mu.states[stateKey{stream: seg.Stream, pool: p}]; st != nil {
+			donors = append(donors, st)
+		}
+	}
+	return donors
 }
 
 // growSpan returns where the new pages for a block of rs bytes growing
