@@ -361,6 +361,11 @@ def test_record_all_skips_past_budget(tmp_path):
     (w,) = json.loads((out / "corpus.json").read_text())["workloads"]
     assert all(r == {"skipped": "budget"} for r in w["replays"].values())
     assert "| unet_diffusion | - | - | - | skipped, skipped, skipped |" in (out / "corpus.md").read_text()
+    rc = record_all.main(["--out", str(out), "--only", "unet_diffusion", "--budget", "0"])
+    assert rc == 1
+    (w,) = json.loads((out / "corpus.json").read_text())["workloads"]
+    assert w["record"] == {"skipped": "budget"} and w["replays"] == {}
+    assert "| unet_diffusion | - | - | - | -, -, - |" in (out / "corpus.md").read_text()
 
 
 def test_torch_replay_on_gpu(tmp_path):

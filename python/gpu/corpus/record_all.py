@@ -118,31 +118,34 @@ def clean_env() -> Dict[str, str]:
     return env
 
 
-def record(name: str, seed: int, out: str, clock: Clock, timeout: float, python: str) -> Dict[str, Any]:
-    """Record workload name into out/<name>.trace.gz."""
+def budgeted_step(cmd: List[str], clock: Clock, timeout: float, log: str) -> Dict[str, Any]:
+    """run_step within the budget, or {"skipped": "budget"}."""
     t = clock.timeout(timeout)
     if t is None:
         return {"skipped": "budget"}
+    return run_step(cmd, clean_env(), t, log)
+
+
+def record(name: str, seed: int, out: str, clock: Clock, timeout: float, python: str) -> Dict[str, Any]:
+    """Record workload name into out/<name>.trace.gz."""
     trace = os.path.join(out, name + ".trace.gz")
     if os.path.exists(trace):
         os.remove(trace)  # a failed run must not leave an old trace to replay
     cmd = [python, "-m", "xseg.record", "-o", trace, "--", WORKLOADS_PY, name, "--seed", str(seed)]
-    r = run_step(cmd, clean_env(), t, os.path.join(out, "logs", name + ".record.log"))
-    r["info"] = tagged_json(r.pop("stdout"), "WORKLOAD ")
-    r["ok"] = r["rc"] == 0 and os.path.exists(trace)
+    r = budgeted_step(cmd, clock, timeout, os.path.join(out, "logs", name + ".record.log"))
+    if "stdout" in r:
+        r["info"] = tagged_json(r.pop("stdout"), "WORKLOAD ")
+        r["ok"] = r["rc"] == 0 and os.path.exists(trace)
     return r
 
 
 def replay(name: str, conf: str, out: str, clock: Clock, timeout: float, python: str) -> Dict[str, Any]:
     """Replay out/<name>.trace.gz under conf in a fresh process."""
-    t = clock.timeout(timeout)
-    if t is None:
-        return {"skipped": "budget"}
-    trace = os.path.join(out, name + ".trace.gz")
-    cmd = [python, REPLAY_PY, "--conf", conf, "--json", trace]
-    r = run_step(cmd, clean_env(), t, os.path.join(out, "logs", f"{name}.replay.{conf}.log"))
-    r["result"] = tagged_json(r.pop("stdout"))
-    r["ok"] = r["rc"] == 0 and r["result"] is not None
+    cmd = [python, REPLAY_PY, "--conf", conf, "--json", os.path.join(out, name + ".trace.gz")]
+    r = budgeted_step(cmd, clock, timeout, os.path.join(out, "logs", f"{name}.replay.{conf}.log"))
+    if "stdout" in r:
+        r["result"] = tagged_json(r.pop("stdout"))
+        r["ok"] = r["rc"] == 0 and r["result"] is not None
     return r
 
 
