@@ -234,6 +234,18 @@ class FakeCuda:
     def get_device_name(self):
         return "Fake GPU"
 
+    @property
+    def memory(self):
+        cuda = self
+
+        class Memory:
+            @staticmethod
+            def _snapshot():
+                if not cuda.pool_peak:
+                    raise RuntimeError("snapshots are not supported by cudaMallocAsync")
+                return {"segments": [{"is_expandable": False}, {"is_expandable": False}]}
+        return Memory
+
 
 @pytest.mark.parametrize("pool_peak", [True, False])
 def test_main_with_fake_torch(tmp_path, monkeypatch, capsys, pool_peak):
@@ -253,6 +265,7 @@ def test_main_with_fake_torch(tmp_path, monkeypatch, capsys, pool_peak):
     assert r["reserved_source"] == ("memory_stats" if pool_peak else "mem_get_info")
     assert r["ratio"] == pytest.approx(reserved / PEAK)
     assert (r["conf"], r["torch"], r["device_name"]) == (conf, "0.fake", "Fake GPU")
+    assert r["segments_expandable"] is (False if pool_peak else None)
     assert cuda.fake.live == {}
     # Without --json, one line for a person.
     assert tr.main(["--conf", conf, str(path)]) == 0
@@ -314,7 +327,8 @@ if conf == "async":
 reserved = {{"native": 6000, "expandable": 4100}}[conf]
 print(json.dumps({{"trace": "t", "events": 1234567, "streams": 2, "peak_live": 4000, "max_reserved": reserved,
                   "reserved_source": "memory_stats" if conf == "native" else "mem_get_info",
-                  "ratio": reserved / 4000, "us_per_event": 2.5, "retries": 0}}))
+                  "ratio": reserved / 4000, "us_per_event": 2.5, "retries": 0, "conf": conf,
+                  "segments_expandable": False}}))
 """
 
 
@@ -346,6 +360,9 @@ def test_record_all(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "growing_store: record ok in" in printed
     assert "growing_store: replay async: failed (exit 2)" in printed
+    lines = {line.split(":")[1].strip(): line for line in printed.splitlines() if line.startswith("growing_store: ")}
+    assert "segments are not expandable" in lines["replay expandable"]
+    assert "WARNING" not in lines["replay native"]
 
     # Again, replaying the trace it left: no record step.
     rc = record_all.main(["--out", str(out), "--only", "growing_store", "--python", fake_python(tmp_path),

@@ -274,6 +274,8 @@ def summary(r: Dict[str, Any]) -> str:
     if res:
         extra = (f", peak live {res['peak_live']:,}, reserved {res['max_reserved']:,} ({res['reserved_source']}), "
                  f"ratio {res['ratio']:.5f}" if res.get("ratio") is not None else "")
+    if res and res.get("conf") == "expandable" and res.get("segments_expandable") is False:
+        extra += " -- WARNING: its segments are not expandable (was the configuration read?)"
     return f"{state} in {r['seconds']}s{extra}"
 
 

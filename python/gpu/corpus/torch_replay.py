@@ -32,7 +32,9 @@ before anything is freed: cudaMallocAsync's pool keeps what it reserved
 (PyTorch sets its release threshold to the maximum) unless an allocation
 failed and PyTorch trimmed it, so at the end that drop is the peak. The
 result's ``reserved_source`` says which was used; ``driver_used`` is that
-drop for every configuration, as a cross-check.
+drop for every configuration, as a cross-check. ``segments_expandable``
+says whether the native allocator's segments were expandable ones (from
+its snapshot), so a configuration that did not take is seen.
 
 Several traces in one process replay one after another; all blocks are
 freed and the cache emptied between them, but a fresh process per trace
@@ -253,8 +255,20 @@ class TorchAllocator(Allocator):
         cuda.synchronize()
         st = cuda.memory_stats()
         driver_used = self.free_before - cuda.mem_get_info()[0]
-        return measurements(st, driver_used, self.base_reserved, self.base_allocated,
-                            cuda.get_allocator_backend())
+        m = measurements(st, driver_used, self.base_reserved, self.base_allocated, cuda.get_allocator_backend())
+        m["segments_expandable"] = self.expandable()
+        return m
+
+    def expandable(self) -> Optional[bool]:
+        """Whether the native allocator's segments are expandable ones (so
+        that expandable_segments:True took effect); None where PyTorch's
+        snapshot does not say (cudaMallocAsync keeps no segments)."""
+        try:
+            segments = self.cuda.memory._snapshot().get("segments") or []
+        except Exception:  # a backend or build without snapshots
+            return None
+        flags = [s.get("is_expandable") for s in segments if "is_expandable" in s]
+        return any(flags) if flags else None
 
 
 def measurements(stats: Dict[str, Any], driver_used: int, base_reserved: int, base_allocated: int,
