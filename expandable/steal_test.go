@@ -66,3 +66,30 @@ func TestNoStealAcrossPageSizes(t *testing.T) {
 	require.Zero(t, st.PagesReused)
 	require.NoError(t, a.Free(q))
 }
+
+// TestOnePool: with small_limit_kb:0 small and large requests share one
+// range, and the pages a freed large block leaves serve small requests
+// without new pages.
+func TestOnePool(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.SmallLimit = 0
+	cfg.LargePageSize = 2 * mib
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), cfg)
+	big, err := a.Alloc(8*mib, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(big))
+	created := a.Stats().PagesCreated
+	var small []vmm.DevicePtr
+	for range 16 {
+		p, err := a.Alloc(256<<10, 0)
+		require.NoError(t, err)
+		small = append(small, p)
+	}
+	st := a.Stats()
+	require.Equal(t, created, st.PagesCreated, "the small blocks fit in the freed pages")
+	require.Zero(t, st.ReservedBytes.Small.Current)
+	require.Equal(t, int64(8*mib), st.ReservedBytes.All.Current)
+	for _, p := range small {
+		require.NoError(t, a.Free(p))
+	}
+}

@@ -47,6 +47,9 @@ type Config struct {
 	// multiples of the device's granularity.
 	SmallPageSize, LargePageSize uint64
 	// SmallLimit: requests of at most this many bytes go to the small pool.
+	// 0: no small pool; every request goes to the large pool, so that one
+	// range per stream serves all sizes and its free pages serve any of
+	// them.
 	SmallLimit uint64
 	// ReleaseThreshold: when the free bytes cached in mapped pages pass it,
 	// whole free pages are unmapped until they no longer do. 0: off.
@@ -101,8 +104,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: small_page_mb: a page of %d bytes is larger than 1 TiB (1048576 MiB): %w", c.SmallPageSize, vmm.ErrInvalid)
 	case c.LargePageSize > TiB:
 		return fmt.Errorf("config: large_page_mb: a page of %d bytes is larger than 1 TiB (1048576 MiB): %w", c.LargePageSize, vmm.ErrInvalid)
-	case c.SmallLimit == 0 || c.SmallLimit > c.SmallPageSize:
-		return fmt.Errorf("config: small_limit_kb (%d bytes) must be positive and at most the small page size %d", c.SmallLimit, c.SmallPageSize)
+	case c.SmallLimit > c.SmallPageSize:
+		return fmt.Errorf("config: small_limit_kb (%d bytes) must be at most the small page size %d", c.SmallLimit, c.SmallPageSize)
 	case c.OOMMaxRetries < 0 || c.OOMMaxRetries > MaxOOMRetries:
 		return fmt.Errorf("config: oom_max_retries %d is not in [0, %d]", c.OOMMaxRetries, MaxOOMRetries)
 	case c.OOMDelay < 0 || c.OOMWait < 0:
@@ -116,7 +119,7 @@ func (c Config) Validate() error {
 // Keys of the XSEG_CONF syntax, with what they set:
 //
 //	small_page_mb, large_page_mb   SmallPageSize, LargePageSize (MiB)
-//	small_limit_kb                 SmallLimit (KiB)
+//	small_limit_kb                 SmallLimit (KiB; 0: no small pool)
 //	release_threshold_mb           ReleaseThreshold (MiB, 0 = off)
 //	page_cache_mb                  PageCacheBytes (MiB)
 //	oom_max_retries                OOMMaxRetries

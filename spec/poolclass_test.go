@@ -57,3 +57,13 @@ func TestUnknownPool(t *testing.T) {
 	require.Panics(t, func() { s.Add(bad, 1) })
 	require.Panics(t, func() { _ = DefaultConfig().PageSize(bad) + 1 })
 }
+
+// TestNoSmallPool: small_limit_kb:0 sends every request to the large pool.
+func TestNoSmallPool(t *testing.T) {
+	c, err := ParseConfig(DefaultConfig(), "small_limit_kb:0,large_page_mb:2")
+	require.NoError(t, err)
+	require.Zero(t, c.SmallLimit)
+	for _, size := range []uint64{1, 512, 4096, 1 * MiB, 1 << 40} {
+		require.Equal(t, Large, c.PoolOf(size), "%d bytes", size)
+	}
+}
