@@ -4,21 +4,11 @@ import (
 	"fmt"
 
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/internal/ledger"
 )
 
 // span is device memory a copy or memset touches, and the access it needs.
-type span struct {
-	ptr  vmm.DevicePtr
-	n    uint64
-	want vmm.Access
-}
-
-// inAlloc reports whether s lies inside one plain allocation (MemAlloc),
-// which every device may use.
-func (d *Driver) inAlloc(s span) bool {
-	base, size, ok := d.books.AllocAt(s.ptr)
-	return ok && s.ptr.Add(s.n) <= base.Add(size)
-}
+type span = ledger.Span
 
 // workCtx picks the context that copies and memsets run in: that of a
 // device allowed to touch every span (the device of the page mapped at the
@@ -27,51 +17,15 @@ func (d *Driver) inAlloc(s span) bool {
 // before the driver sees it. Context 0 (any) serves spans that all lie
 // in plain allocations.
 func (d *Driver) workCtx(what string, spans ...span) (cuContext, error) {
-	var cands []vmm.Device
-	for _, s := range spans {
-		if d.inAlloc(s) {
-			continue
-		}
-		m, ok := d.books.Lookup(s.ptr)
-		if !ok {
-			return 0, fmt.Errorf("%s: address %v is neither mapped nor allocated here: %w", what, s.ptr, vmm.ErrInvalid)
-		}
-		cands = append(cands, m.Device)
-		for _, a := range m.Access {
-			cands = append(cands, a.Device)
-		}
+	dev, found, err := d.books.Toucher(what, spans...)
+	if err != nil || !found {
+		return 0, err
 	}
-	if len(cands) == 0 {
-		return 0, nil
+	s, err := d.device(dev)
+	if err != nil {
+		return 0, err
 	}
-	var first error
-	for _, dev := range cands {
-		err := d.allowed(dev, spans)
-		if err == nil {
-			s, err := d.device(dev)
-			if err != nil {
-				return 0, err
-			}
-			return s.ctx, nil
-		}
-		if first == nil {
-			first = err
-		}
-	}
-	return 0, fmt.Errorf("%s: %w", what, first)
-}
-
-// allowed reports whether dev may touch every span.
-func (d *Driver) allowed(dev vmm.Device, spans []span) error {
-	for _, s := range spans {
-		if d.inAlloc(s) {
-			continue
-		}
-		if err := d.books.Accessible(s.ptr, s.n, dev, s.want); err != nil {
-			return err
-		}
-	}
-	return nil
+	return s.ctx, nil
 }
 
 // CopyHtoD copies src to dst and waits until the bytes are there.
@@ -80,7 +34,7 @@ func (d *Driver) CopyHtoD(dst vmm.DevicePtr, src []byte) error {
 		return err
 	}
 	what := fmt.Sprintf("copying %d bytes to %v", len(src), dst)
-	c, err := d.workCtx(what, span{dst, uint64(len(src)), vmm.AccessReadWrite})
+	c, err := d.workCtx(what, span{Ptr: dst, N: uint64(len(src)), Want: vmm.AccessReadWrite})
 	if err != nil {
 		return err
 	}
@@ -96,7 +50,7 @@ func (d *Driver) CopyDtoH(dst []byte, src vmm.DevicePtr) error {
 		return err
 	}
 	what := fmt.Sprintf("copying %d bytes from %v", len(dst), src)
-	c, err := d.workCtx(what, span{src, uint64(len(dst)), vmm.AccessRead})
+	c, err := d.workCtx(what, span{Ptr: src, N: uint64(len(dst)), Want: vmm.AccessRead})
 	if err != nil {
 		return err
 	}
@@ -113,7 +67,7 @@ func (d *Driver) CopyDtoD(dst, src vmm.DevicePtr, n uint64) error {
 		return err
 	}
 	what := fmt.Sprintf("copying %d bytes from %v to %v", n, src, dst)
-	c, err := d.workCtx(what, span{dst, n, vmm.AccessReadWrite}, span{src, n, vmm.AccessRead})
+	c, err := d.workCtx(what, span{Ptr: dst, N: n, Want: vmm.AccessReadWrite}, span{Ptr: src, N: n, Want: vmm.AccessRead})
 	if err != nil {
 		return err
 	}
@@ -129,7 +83,7 @@ func (d *Driver) Memset(dst vmm.DevicePtr, value byte, n uint64) error {
 		return err
 	}
 	what := fmt.Sprintf("setting %d bytes at %v", n, dst)
-	c, err := d.workCtx(what, span{dst, n, vmm.AccessReadWrite})
+	c, err := d.workCtx(what, span{Ptr: dst, N: n, Want: vmm.AccessReadWrite})
 	if err != nil {
 		return err
 	}
@@ -147,13 +101,13 @@ func (d *Driver) MemsetAsync(dst vmm.DevicePtr, value byte, n uint64, st vmm.Str
 		return err
 	}
 	what := fmt.Sprintf("setting %d bytes at %v on stream %#x", n, dst, uintptr(st))
-	sp := span{dst, n, vmm.AccessReadWrite}
+	sp := span{Ptr: dst, N: n, Want: vmm.AccessReadWrite}
 	c, dev, ours, err := d.streamCtx(st)
 	if err != nil {
 		return err
 	}
 	if ours {
-		if err := d.allowed(dev, []span{sp}); err != nil {
+		if err := d.books.May(dev, sp); err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
 	} else {

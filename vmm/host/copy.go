@@ -98,7 +98,7 @@ func (d *Driver) CopyDtoD(dst, src vmm.DevicePtr, n uint64) error {
 		return fmt.Errorf("copying between device addresses: destination: %w", err)
 	}
 	if err := d.workDevice(fmt.Sprintf("copying %d bytes from %v to %v", n, src, dst),
-		span{dst, n, vmm.AccessReadWrite}, span{src, n, vmm.AccessRead}); err != nil {
+		span{Ptr: dst, N: n, Want: vmm.AccessReadWrite}, span{Ptr: src, N: n, Want: vmm.AccessRead}); err != nil {
 		return err
 	}
 	copy(hostBytes(dst, n), hostBytes(src, n))
@@ -141,7 +141,7 @@ func (d *Driver) memset(dst vmm.DevicePtr, value byte, n uint64, dev vmm.Device)
 		return fmt.Errorf("setting memory: %w", err)
 	}
 	if dev >= 0 {
-		if err := d.deviceMay(dev, []span{{dst, n, vmm.AccessReadWrite}}); err != nil {
+		if err := d.books.May(dev, span{Ptr: dst, N: n, Want: vmm.AccessReadWrite}); err != nil {
 			return fmt.Errorf("setting memory on a stream of device %d: %w", dev, err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/internal/ledger"
 )
 
 // Per-device access. The host keeps one protection per mapping (the union
@@ -50,61 +51,13 @@ func accessOf(list []vmm.AccessDesc, dev vmm.Device) vmm.Access {
 }
 
 // span is device memory that work touches and the access it needs.
-type span struct {
-	ptr  vmm.DevicePtr
-	n    uint64
-	want vmm.Access
-}
-
-// inAlloc reports whether s lies inside one plain allocation.
-func (d *Driver) inAlloc(s span) bool {
-	base, size, ok := d.books.AllocAt(s.ptr)
-	return ok && s.ptr.Add(s.n) <= base.Add(size)
-}
+type span = ledger.Span
 
 // workDevice reports ErrInvalid unless one device may touch every span (a
 // device with access to the mapping at the start of a span is a candidate).
 // Spans in plain allocations need nothing. d.prot is held, and the spans
 // have passed checkTouch.
 func (d *Driver) workDevice(what string, spans ...span) error {
-	var cands []vmm.Device
-	for _, s := range spans {
-		if d.inAlloc(s) || s.n == 0 {
-			continue
-		}
-		m, ok := d.books.Lookup(s.ptr)
-		if !ok {
-			return fmt.Errorf("%s: %v is not mapped: %w", what, s.ptr, vmm.ErrInvalid)
-		}
-		for _, a := range m.Access {
-			cands = append(cands, a.Device)
-		}
-	}
-	if len(cands) == 0 {
-		return nil
-	}
-	var first error
-	for _, dev := range cands {
-		err := d.deviceMay(dev, spans)
-		if err == nil {
-			return nil
-		}
-		if first == nil {
-			first = err
-		}
-	}
-	return fmt.Errorf("%s: no device may touch both (grant peer access with SetAccess): %w", what, first)
-}
-
-// deviceMay reports ErrInvalid unless dev may touch every span.
-func (d *Driver) deviceMay(dev vmm.Device, spans []span) error {
-	for _, s := range spans {
-		if d.inAlloc(s) || s.n == 0 {
-			continue
-		}
-		if err := d.books.Accessible(s.ptr, s.n, dev, s.want); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, _, err := d.books.Toucher(what, spans...)
+	return err
 }
