@@ -13,7 +13,7 @@ import (
 // in plain allocations or empty need none; an unmapped address and spans
 // no single device may touch are refused.
 func TestToucher(t *testing.T) {
-	l := books(t) // page 2 (device 1) mapped at granule 2, no access yet
+	l := books(t)                          // page 2 (device 1) mapped at granule 2, no access yet
 	_, err := l.BeginMap(at(4), 2*G, 3, 0) // page 3, device 0
 	require.NoError(t, err)
 	rw := func(p vmm.DevicePtr) ledger.Span { return ledger.Span{Ptr: p, N: G, Want: vmm.AccessReadWrite} }
