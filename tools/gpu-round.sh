@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# One verification round on the GPU machine (no Go, no network there),
+# after `tools/gpu-pack --bin ./cmd/xseg=xseg` and a wheel in .gpu/ here
+# (python3 -m pip wheel --no-index --no-build-isolation --no-deps -w .gpu ./python).
+# From the repository root there:
+#
+#   bash tools/gpu-round.sh PHASE [OUT]
+#
+# PHASE (each fits one 10-minute call):
+#   go       every packed test binary with XSEG_REQUIRE_GPU=1 (tools/gpu-pack's run.sh)
+#   replay   xseg replay --backend cuda on bench/traces, the default and the
+#            page policy under study (POLICY), 3 variants each, alternating,
+#            3 runs; and, if .gpu/before/ holds an older xseg and
+#            expandable.test, those beside the current ones
+#   train    GPT-2 small, 50 steps, native / xseg default / xseg POLICY,
+#            alternating, twice: first-step time and median tokens/s
+#   py       the wheel's pytest, python/gpu/dropin.py, python/gpu/graphs.py
+#   corpus   python/gpu/corpus/run.sh: record the workload corpus with the
+#            package's recorder and replay it under PyTorch's allocators
+# Logs and JSON go under OUT (default $OUT, else /tmp/gpu-round), tarred
+# into OUT/PHASE.tgz.
+set -u
+cd "$(dirname "$0")/.."
+phase=${1:?phase: go, replay, train, py or corpus}
+out=${2:-${OUT:-/tmp/gpu-round}}
+L=/tmp/gpu-round-$phase
+rm -rf "$L"; mkdir -p "$L" "$out"
+export PATH=/opt/torch/.venv/bin:$PATH PYTHONUNBUFFERED=1
+POLICY=${POLICY:-large_page_mb:2,small_limit_kb:0}
+[ -d .gpu/test ] || { [ -f .gpu/pack.tar.xz ] && tar -xJf .gpu/pack.tar.xz -C .gpu; }
+[ -d .gpu/before ] || { [ -f .gpu/before.tar.xz ] && tar -xJf .gpu/before.tar.xz -C .gpu; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$L/gpu.txt" 2>&1
+wheel() {
+  rm -rf /tmp/xw
+  python3 -m pip install --no-index --no-deps --target /tmp/xw .gpu/xseg-*.whl > "$L/pip.log" 2>&1
+  export PYTHONPATH=/tmp/xw
+  unset XSEG_LIB
+}
+case "$phase" in
+go)
+  OUT=$L/go timeout 540 bash .gpu/run.sh > "$L/summary.txt" 2>&1; echo "go rc $?"
+  echo "PASS $(cat "$L"/go/*.log | grep -c -- '--- PASS') FAIL $(cat "$L"/go/*.log | grep -c -- '--- FAIL') SKIP $(cat "$L"/go/*.log | grep -c -- '--- SKIP')"
+  grep -h -E -- "--- FAIL" "$L"/go/*.log | head
+  ;;
+replay)
+  T=$(ls bench/traces/*.trace.gz)
+  for i in 1 2 3; do
+    if [ -x .gpu/before/xseg ]; then
+      timeout 120 .gpu/before/xseg replay --backend cuda --json $T > "$L/before-$i.json" 2>&1; echo "before $i rc $?"
+    fi
+    timeout 150 .gpu/bin/xseg replay --backend cuda --json --perturb 3 $T > "$L/default-$i.json" 2>&1; echo "default $i rc $?"
+    timeout 150 .gpu/bin/xseg replay --backend cuda --json --perturb 3 --conf "$POLICY" $T > "$L/policy-$i.json" 2>&1; echo "policy $i rc $?"
+  done
+  for w in before after; do
+    bin=$PWD/.gpu/test/expandable.test; [ $w = before ] && bin=$PWD/.gpu/before/expandable.test
+    [ -x "$bin" ] || continue
+    (cd expandable && "$bin" -test.run XXX -test.bench 'AllocFreeCached$' -test.benchtime 2000000x -test.count 5) > "$L/pair-$w.txt" 2>&1
+  done
+  grep -h ns/op "$L"/pair-*.txt | head -12
+  ;;
+train)
+  wheel
+  for i in 1 2; do
+    timeout 100 python3 python/gpu/train_gpt2.py native --steps 50 > "$L/native-$i.log" 2>&1; echo "native $i rc $?"
+    timeout 100 python3 python/gpu/train_gpt2.py xseg --steps 50 > "$L/xseg-$i.log" 2>&1; echo "xseg $i rc $?"
+    XSEG_CONF=$POLICY timeout 100 python3 python/gpu/train_gpt2.py xseg --steps 50 > "$L/policy-$i.log" 2>&1; echo "policy $i rc $?"
+  done
+  grep -h '^RESULT' "$L"/*.log | python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line[len("RESULT "):])
+    print(r["mode"], "first step %.0f ms" % (8 * 1024 / r["tokens_per_s"][0] * 1e3),
+          "median tokens/s %.0f" % r["median_tokens_per_s"], "peak reserved", r["peak_reserved"], "maps", r.get("num_maps"))'
+  ;;
+py)
+  wheel
+  XSEG_REQUIRE_GPU=1 timeout 200 python3 -m pytest -p no:cacheprovider -q python/tests > "$L/pytest.log" 2>&1; echo "pytest rc $?"; tail -1 "$L/pytest.log"
+  timeout 200 python3 python/gpu/dropin.py > "$L/dropin.log" 2>&1; echo "dropin rc $?"; grep -E "^(FAIL|mp |[0-9]+ checks|all checks)" "$L/dropin.log"
+  for m in native xseg; do timeout 90 python3 python/gpu/graphs.py $m > "$L/graphs-$m.log" 2>&1; echo "graphs $m rc $?"; done
+  ;;
+corpus)
+  wheel
+  BUDGET=${BUDGET:-500} bash python/gpu/corpus/run.sh "$L/corpus"; echo "corpus rc $?"
+  ;;
+*) echo "unknown phase $phase" >&2; exit 2 ;;
+esac
+tar -czf "$out/$phase.tgz" -C /tmp "gpu-round-$phase"
