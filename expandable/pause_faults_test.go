@@ -45,15 +45,15 @@ func (c faultCase) arm(f *vmmtest.Faulty) {
 	f.FailNth(c.op, c.n, c.err)
 }
 
-// faultConfig has 4 MiB large pages: faultSizes take one small page and
+// faultConfig has 2 MiB large pages: faultSizes take one small page and
 // a run of two large ones, in little memory to write and check.
 func faultConfig() Config {
 	cfg := matrixConfig()
-	cfg.LargePageSize = 4 * mib
+	cfg.LargePageSize = 2 * mib
 	return cfg
 }
 
-var faultSizes = []uint64{4 << 10, 100 << 10, 3 * mib, 5 * mib}
+var faultSizes = []uint64{4 << 10, 100 << 10, 3 * mib / 2, 5 * mib / 2}
 
 // faultEnv is a pauseEnv on its own host driver, with tagged blocks and a
 // block of the shared pools, all written.

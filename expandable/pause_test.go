@@ -59,14 +59,23 @@ type block struct {
 	seed uint64
 }
 
+// tagBytes is the pattern of a block: size bytes from seed. The slices
+// are shared: read them only.
 func tagBytes(size, seed uint64) []byte {
+	key := [2]uint64{size, seed}
+	if b, ok := patterns.Load(key); ok {
+		return b.([]byte)
+	}
 	b := make([]byte, (size+7)/8*8)
 	r := rand.New(rand.NewPCG(seed, size))
 	for i := 0; i < len(b); i += 8 {
 		binary.LittleEndian.PutUint64(b[i:], r.Uint64())
 	}
+	patterns.Store(key, b[:size])
 	return b[:size]
 }
+
+var patterns sync.Map
 
 // allocTagged allocates blocks of the sizes in the tag and writes a
 // pattern into each.
@@ -299,6 +308,13 @@ func TestPauseLeavesSharedPoolsAlone(t *testing.T) {
 	bs := e.allocTagged(tagSizes...)
 	require.NoError(t, e.a.Pause(true))
 	require.NoError(t, e.a.EmptyCache())
+	// The release threshold counts the shared pools' free pages right
+	// while a tag is paused: a freed page is unmapped at once.
+	p, err := e.a.Alloc(20*mib, 0)
+	require.NoError(t, err)
+	unmaps := e.a.Stats().Unmaps
+	require.NoError(t, e.a.Free(p))
+	require.Equal(t, unmaps+1, e.a.Stats().Unmaps, "the threshold unmaps the freed page")
 	// The OOM policy: fill the device, fail, free.
 	var held []vmm.DevicePtr
 	for {
@@ -553,6 +569,37 @@ func TestPauseConcurrent(t *testing.T) {
 
 // TestCloseWhilePaused: Close gives back a paused tag's reservations and
 // the pages a failed pause left stuck.
+// TestResumeOverStuckPages: the pages a failed pause could not unmap are
+// unmapped by the Resume that maps the tag again.
+func TestResumeOverStuckPages(t *testing.T) {
+	e := newPaused(t, DefaultConfig())
+	bs := e.allocTagged(tagSizes...)
+	usage := e.host.Usage()
+	e.f.FailNth(vmmtest.OpUnmap, 3, nil)
+	require.ErrorIs(t, e.a.Pause(true), vmmtest.ErrInjected)
+	require.Equal(t, usage.Mappings-2, e.host.Usage().Mappings, "the third page stays mapped")
+	require.NoError(t, e.a.Resume())
+	require.NoError(t, e.intact(bs))
+	require.Equal(t, usage, e.host.Usage())
+	e.reservedIsHeld()
+}
+
+// TestPauseHistory: the history records a pause's unmaps and a resume's
+// maps as the tag's pool's.
+func TestPauseHistory(t *testing.T) {
+	e := newPaused(t, DefaultConfig())
+	e.allocTagged(3 * mib)
+	require.NoError(t, e.a.RecordHistory(100))
+	require.NoError(t, e.a.Pause(false))
+	require.NoError(t, e.a.Resume())
+	var got []string
+	for _, ev := range e.a.History() {
+		require.Equal(t, e.id, ev.Pool)
+		got = append(got, ev.Action)
+	}
+	require.Equal(t, []string{core.ActionSegmentUnmap, core.ActionSegmentMap}, got)
+}
+
 func TestCloseWhilePaused(t *testing.T) {
 	hd := vmmtest.HostDriver(t, 0)
 	e := newPauseEnv(t, hd, DefaultConfig())
@@ -564,6 +611,11 @@ func TestCloseWhilePaused(t *testing.T) {
 	require.True(t, ts.Paused, "a pause whose unmap fails still pauses")
 	require.NotZero(t, e.host.Usage().Mappings, "with the pages it could not unmap held")
 	e.reservedIsHeld()
-	require.NoError(t, e.a.Close())
+	e.f.FailNth(vmmtest.OpUnreserve, 1, nil)
+	require.ErrorIs(t, e.a.Close(), vmmtest.ErrInjected)
+	require.NoError(t, e.a.Close(), "a second Close gives back what the first kept")
 	require.True(t, hd.Usage().Zero(), "%v", hd.Usage())
+	_, err = e.a.TagStats(tagName)
+	require.ErrorIs(t, err, vmm.ErrClosed)
+	require.ErrorIs(t, e.a.Resume(), vmm.ErrClosed)
 }

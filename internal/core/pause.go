@@ -78,14 +78,6 @@ type pauseState struct {
 	backup map[vmm.DevicePtr][]byte
 }
 
-func (h *Heap) pauser(what string) (Pauser, error) {
-	p, ok := h.back.(Pauser)
-	if !ok {
-		return nil, fmt.Errorf("%s tags: this allocator's memory cannot be mapped again at the same addresses (plain allocations): %w", what, vmm.ErrNotSupported)
-	}
-	return p, nil
-}
-
 // Pause pauses the named tags (every tag when none is named), one after
 // the other, each either fully or not at all (see above). A paused tag is
 // left as it is, whatever backup says. It fails while a private pool is
@@ -93,25 +85,37 @@ func (h *Heap) pauser(what string) (Pauser, error) {
 // that fails stops it: the tags before it are paused, those after it are
 // not tried, and the error names the tag.
 func (h *Heap) Pause(backup bool, tags ...string) error {
-	pr, err := h.pauser("pausing")
-	if err != nil {
-		return err
+	return h.forTags("pausing", tags, func(pp *privatePool, pr Pauser) error {
+		if pp.paused() {
+			return nil
+		}
+		if err := h.pauseLocked(pp, backup, pr); err != nil {
+			return fmt.Errorf("pausing tag %q: %w", pp.tag.name, err)
+		}
+		return nil
+	})
+}
+
+// forTags calls f, with the lock held, for the pools of the named tags
+// (every tag when none is named) until it fails: what Pause and Resume
+// share.
+func (h *Heap) forTags(what string, tags []string, f func(*privatePool, Pauser) error) error {
+	pr, ok := h.back.(Pauser)
+	if !ok {
+		return fmt.Errorf("%s tags: this allocator's memory cannot be mapped again at the same addresses (plain allocations): %w", what, vmm.ErrNotSupported)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	pools, err := h.tagPoolsLocked("pausing", tags)
+	pools, err := h.tagPoolsLocked(what, tags)
 	if err != nil {
 		return err
 	}
 	if h.capturingLocked() {
-		return fmt.Errorf("pausing tags while a private pool is active (a CUDA graph capture is underway): %w", vmm.ErrInUse)
+		return fmt.Errorf("%s tags while a private pool is active (a CUDA graph capture is underway): %w", what, vmm.ErrInUse)
 	}
 	for _, pp := range pools {
-		if pp.paused() {
-			continue
-		}
-		if err := h.pauseLocked(pp, backup, pr); err != nil {
-			return fmt.Errorf("pausing tag %q: %w", pp.tag.name, err)
+		if err := f(pp, pr); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -138,19 +142,7 @@ func (h *Heap) pauseLocked(pp *privatePool, backup bool, pr Pauser) error {
 		}
 	}
 	err := pr.PauseRuns(runs, &h.mu.stats)
-	for _, st := range pp.states {
-		for _, seg := range st.segs {
-			seg.paused = true
-			h.mu.mapped[seg.Pool] -= seg.mapped
-			ps.bytes += seg.mapped
-		}
-	}
-	h.syncReservedLocked()
-	if h.mu.hist != nil {
-		for _, r := range runs {
-			h.noteUnmapLocked(r.Seg, r.Ptr, r.Size)
-		}
-	}
+	ps.bytes = h.markPausedLocked(pp, runs, true)
 	pp.tag.pause = ps
 	pp.tag.pauses++
 	if invariantsOn {
@@ -202,22 +194,9 @@ func poolRuns(pp *privatePool) []Run {
 // left as it is. It fails while a private pool is active (the copies of
 // the backup wait for the device). The first tag that fails stops it.
 func (h *Heap) Resume(tags ...string) error {
-	pr, err := h.pauser("resuming")
-	if err != nil {
-		return err
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	pools, err := h.tagPoolsLocked("resuming", tags)
-	if err != nil {
-		return err
-	}
-	if h.capturingLocked() {
-		return fmt.Errorf("resuming tags while a private pool is active (a CUDA graph capture is underway): %w", vmm.ErrInUse)
-	}
-	for _, pp := range pools {
+	return h.forTags("resuming", tags, func(pp *privatePool, pr Pauser) error {
 		if !pp.paused() {
-			continue
+			return nil
 		}
 		err := h.resumeLocked(pp, pr)
 		if invariantsOn {
@@ -226,8 +205,8 @@ func (h *Heap) Resume(tags ...string) error {
 		if err != nil {
 			return fmt.Errorf("resuming tag %q (it stays paused): %w", pp.tag.name, err)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 func (h *Heap) resumeLocked(pp *privatePool, pr Pauser) error {
@@ -239,21 +218,39 @@ func (h *Heap) resumeLocked(pp *privatePool, pr Pauser) error {
 		err = errors.Join(err, pr.PauseRuns(runs, &h.mu.stats), h.releaseCacheLocked())
 		return err
 	}
+	h.markPausedLocked(pp, runs, false)
+	pp.tag.pause = nil
+	pp.tag.remaps++
+	return nil
+}
+
+// markPausedLocked marks the segments of pp paused or live, takes their
+// bytes out of the mapped (reserved) bytes or puts them back, and records
+// runs as unmapped or mapped in the history. It returns the bytes.
+func (h *Heap) markPausedLocked(pp *privatePool, runs []Run, paused bool) uint64 {
+	var n uint64
 	for _, st := range pp.states {
 		for _, seg := range st.segs {
-			seg.paused = false
-			h.mu.mapped[seg.Pool] += seg.mapped
+			seg.paused = paused
+			n += seg.mapped
+			if paused {
+				h.mu.mapped[seg.Pool] -= seg.mapped
+			} else {
+				h.mu.mapped[seg.Pool] += seg.mapped
+			}
 		}
 	}
 	h.syncReservedLocked()
 	if h.mu.hist != nil {
 		for _, r := range runs {
-			h.noteMapLocked(r.Seg, r.Ptr, r.Size)
+			if paused {
+				h.noteUnmapLocked(r.Seg, r.Ptr, r.Size)
+			} else {
+				h.noteMapLocked(r.Seg, r.Ptr, r.Size)
+			}
 		}
 	}
-	pp.tag.pause = nil
-	pp.tag.remaps++
-	return nil
+	return n
 }
 
 // mapRunsLocked maps runs with pr, within the memory limit. When the
