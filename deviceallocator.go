@@ -17,6 +17,7 @@ type engine interface {
 	Pools
 	MemoryLimiter
 	Historian
+	Tagger
 	PinBlock(ptr vmm.DevicePtr) (handles.Pin, error)
 	Pinned() int
 	Device() vmm.Device
@@ -31,8 +32,8 @@ var (
 
 // DeviceAllocator is the allocator Open returns: one device's expandable
 // or fallback allocator (Kind says which) with every capability of both.
-// It implements Allocator, Pools, MemoryLimiter, Historian, PeerAccessor
-// and ipc.BlockSource; where the allocator underneath cannot do something
+// It implements Allocator, Pools, MemoryLimiter, Historian, Tagger,
+// PeerAccessor and ipc.BlockSource; where the allocator underneath cannot do something
 // (peer access on fallback), the method fails with an error matching
 // vmm.ErrNotSupported. When Open opened the driver, Close closes it.
 //

@@ -14,8 +14,10 @@
 // [Allocator] and is safe for concurrent use. Open returns a
 // [DeviceAllocator], one type whatever it picked, with every capability:
 // sharing blocks with other processes (an ipc.BlockSource), peer access,
-// private pools for CUDA graphs, a memory limit and an allocation history;
-// what the allocator underneath cannot do fails with vmm.ErrNotSupported.
+// private pools for CUDA graphs, a memory limit, an allocation history,
+// and tags whose physical memory can be paused and resumed at the same
+// addresses ([Tagger]); what the allocator underneath cannot do fails with
+// vmm.ErrNotSupported.
 // [OpenDevices] holds one allocator per device of a driver and grants peer
 // access between them.
 //

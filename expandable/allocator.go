@@ -22,6 +22,9 @@ type Allocator struct {
 	// allocation history (xseg.Historian).
 	core.Limiter
 	core.Recorder
+	// TagSet gives the tags (xseg.Tagger): named pools whose memory can be
+	// paused and resumed at the same addresses (pause.go).
+	core.TagSet
 	heap  *core.Heap
 	d     vmm.Driver
 	dev   vmm.Device
@@ -54,7 +57,7 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 	if err != nil {
 		return nil, fmt.Errorf("expandable: %w", err)
 	}
-	return &Allocator{PoolSet: core.NewPoolSet(h), Limiter: core.NewLimiter(h), Recorder: core.NewRecorder(h), heap: h, d: d, dev: dev, pages: p}, nil
+	return &Allocator{PoolSet: core.NewPoolSet(h), Limiter: core.NewLimiter(h), Recorder: core.NewRecorder(h), TagSet: core.NewTagSet(h), heap: h, d: d, dev: dev, pages: p}, nil
 }
 
 // Device is the device the allocator hands out memory of.

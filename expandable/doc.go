@@ -56,6 +56,21 @@
 // reused before new ones are created. ReservedBytes counts the physical
 // pages the allocator holds: mapped ones and cached ones.
 //
+// # Pause and resume
+//
+// A tag (TagSet.Tag) is a private pool with a name. Pause gives its
+// physical pages back to the device (after waiting for the device and,
+// if asked, copying its allocated blocks to host memory) while its
+// reserved ranges, segments and blocks stay: every address stays valid.
+// Pages are unmapped one by one and released at once, not cached. Resume
+// maps new pages at exactly the runs that were mapped, with the usual one
+// SetAccess a run for the device and every enabled peer, and copies the
+// backup back. A tag is live or paused, never in between: a page that
+// fails to unmap stays mapped as a stuck page (reserved, not the tag's)
+// until the next map over it or EmptyCache, and a Resume that fails is
+// undone. Blocks pinned for sharing refuse a pause. The rules are in
+// internal/core/pause.go; xseg.Tagger is the user's view.
+//
 // # Out of memory
 //
 // When the driver runs out of memory the allocator waits for the pending

@@ -24,6 +24,10 @@ type Allocator struct {
 	// allocation history (xseg.Historian).
 	core.Limiter
 	core.Recorder
+	// TagSet gives the tags (xseg.Tagger): named pools with their own
+	// statistics. Pause and Resume fail with vmm.ErrNotSupported: a plain
+	// allocation cannot be mapped again at its address.
+	core.TagSet
 	heap *core.Heap
 	d    vmm.Driver
 	dev  vmm.Device
@@ -53,7 +57,7 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Allocator{PoolSet: core.NewPoolSet(h), Limiter: core.NewLimiter(h), Recorder: core.NewRecorder(h), heap: h, d: d, dev: dev, cfg: cfg, log: log}, nil
+	return &Allocator{PoolSet: core.NewPoolSet(h), Limiter: core.NewLimiter(h), Recorder: core.NewRecorder(h), TagSet: core.NewTagSet(h), heap: h, d: d, dev: dev, cfg: cfg, log: log}, nil
 }
 
 // SegmentBytes is the size of the segment NewSegment makes for a request

@@ -3,7 +3,8 @@
 // XSEG_CONF syntax, ConfigFromEnv and ApplyEnv for the environment), the
 // statistics (Stats, with PyTorch's meanings), the snapshot of segments,
 // mapped ranges and blocks (Snapshot), the private-pool ids and
-// checkpoints of CUDA graph captures (PoolID, PoolCheckpoint) and the
+// checkpoints of CUDA graph captures (PoolID, PoolCheckpoint), the
+// statistics of tags that pause and resume (TagStats, ErrPaused) and the
 // events of the allocation history (HistoryEvent).
 //
 // It holds values and their parsing only, no allocator: it imports

@@ -77,7 +77,10 @@ type Seg struct {
 	st     *state   // the (stream, pool) it belongs to
 	first  *block   // blocks in address order
 	holes  []*block // unmapped blocks in address order
-	mapped uint64   // bytes mapped
+	mapped uint64   // bytes mapped (while paused: to map again on resume)
+	// paused: the segment's tag is paused (pause.go): its blocks keep
+	// their books, their pages are given back and not in Heap.mu.mapped.
+	paused bool
 }
 
 // End is the first address after the segment.

@@ -31,9 +31,18 @@ func (h *Heap) verifyLocked() error {
 		if err := h.verifyState(st, &t); err != nil {
 			return err
 		}
+		paused := h.mu.pools[st.key.private].paused()
 		for _, seg := range st.segs {
-			mapped[seg.Pool] += seg.mapped
+			if seg.paused != paused {
+				return fmt.Errorf("segment %v+%d paused %v in a pool paused %v", seg.Base, seg.Size, seg.paused, paused)
+			}
+			if !seg.paused {
+				mapped[seg.Pool] += seg.mapped
+			}
 		}
+	}
+	if err := h.verifyTagsLocked(); err != nil {
+		return err
 	}
 	if t.blocks != len(h.mu.blocks) {
 		return fmt.Errorf("ptr map holds %d blocks, segments %d", len(h.mu.blocks), t.blocks)

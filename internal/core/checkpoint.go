@@ -69,6 +69,9 @@ func (h *Heap) RestorePool(cp PoolCheckpoint) (freed, allocated []vmm.DevicePtr,
 	if pp == nil || pp.uses == 0 {
 		return nil, nil, fmt.Errorf("restoring pool %v: the pool is not retained: %w", cp.ID, vmm.ErrInvalid)
 	}
+	if pp.paused() {
+		return nil, nil, fmt.Errorf("restoring pool %v of tag %q: %w", cp.ID, pp.tag.name, ErrPaused)
+	}
 	for _, cb := range cp.Blocks {
 		// A block of another size would break the books (blocks are
 		// whole 512-byte units); refuse before changing anything.

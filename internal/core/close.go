@@ -36,6 +36,7 @@ func (h *Heap) Close() error {
 	// Blocks still waiting for events, deferred or pinned are freed below
 	// all the same: the memory goes, importers keep their own references.
 	h.mu.pending, h.mu.deferred, h.mu.pins = nil, nil, nil
+	h.forgetPausedLocked()
 	for _, st := range h.mu.states {
 		for _, seg := range slices.Clone(st.segs) {
 			errs = append(errs, h.closeSegmentLocked(seg))

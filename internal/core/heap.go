@@ -61,6 +61,10 @@ type Heap struct {
 		pools    map[PoolID]*privatePool
 		routes   []route
 		deferred []*block
+		// tags are the pools of tags by name, nextTag the number of the
+		// next one's id (tags.go).
+		tags     map[string]*privatePool
+		nextTag  uint64
 		memLimit memLimit // the cap on reserved bytes (limit.go)
 		// trimFloor is, under ReleasePolicy.WholeSegments, the free bytes
 		// over the threshold that the last release left (release.go).
@@ -290,11 +294,20 @@ func (h *Heap) Free(ptr vmm.DevicePtr) error {
 // route picks, or nil.
 func (h *Heap) privateStateLocked(id PoolID, s vmm.Stream, rs uint64, p Pool) (*state, error) {
 	if id.IsZero() {
-		return h.routeLocked(s, p), nil
+		st := h.routeLocked(s, p)
+		if st != nil {
+			if pp := h.mu.pools[st.key.private]; pp.paused() {
+				return nil, pp.pausedError(rs)
+			}
+		}
+		return st, nil
 	}
 	pp := h.mu.pools[id]
 	if pp == nil || pp.uses == 0 {
 		return nil, fmt.Errorf("allocating %d bytes in pool %v: the pool is not retained: %w", rs, id, vmm.ErrInvalid)
+	}
+	if pp.paused() {
+		return nil, pp.pausedError(rs)
 	}
 	return h.poolStateLocked(pp, s, p), nil
 }

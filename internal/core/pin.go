@@ -39,6 +39,9 @@ func (h *Heap) Pin(ptr vmm.DevicePtr, f PinnedFunc) (unpin func() error, err err
 	if b == nil || b.state != stAllocated {
 		return nil, fmt.Errorf("pinning %v: not an allocated block of this allocator: %w", ptr, vmm.ErrInvalid)
 	}
+	if b.seg.paused {
+		return nil, fmt.Errorf("pinning %v: %w", ptr, ErrPaused)
+	}
 	if err := f(b.seg, b.ptr, b.requested); err != nil {
 		return nil, err
 	}

@@ -42,6 +42,8 @@ type privatePool struct {
 	// goes back once nothing in it is allocated.
 	uses   int
 	states []*state
+	// tag is set for the pool of a tag (tags.go), nil for the others.
+	tag *tagState
 }
 
 // route sends the allocations that filter accepts to pool id while it is
@@ -74,6 +76,9 @@ func (h *Heap) poolCallLocked(what string, id PoolID) error {
 	}
 	if id.IsZero() {
 		return fmt.Errorf("%s pool %v: the zero id names no private pool: %w", what, id, vmm.ErrInvalid)
+	}
+	if id.IsTag() && h.mu.pools[id] == nil {
+		return fmt.Errorf("%s pool %v: the id is in the range of tags' pools and names no tag: %w", what, id, vmm.ErrInvalid)
 	}
 	return nil
 }
@@ -147,6 +152,9 @@ func (h *Heap) ReleasePool(id PoolID) error {
 	if pp == nil || pp.uses == 0 {
 		return fmt.Errorf("releasing pool %v: no use of it is held: %w", id, vmm.ErrInvalid)
 	}
+	if pp.tag != nil && pp.uses == 1 {
+		return fmt.Errorf("releasing pool %v: the pool of tag %q holds its own use, never released: %w", id, pp.tag.name, vmm.ErrInvalid)
+	}
 	pp.uses--
 	var err error
 	if pp.uses == 0 && !h.capturingLocked() {
@@ -179,7 +187,7 @@ func (h *Heap) settleLocked() {
 // active it does nothing (no sync, no unmap during a capture):
 // settleLocked gives the pool back once none is.
 func (h *Heap) givePoolBackLocked(pp *privatePool) error {
-	if h.capturingLocked() {
+	if h.capturingLocked() || pp.paused() {
 		return nil
 	}
 	// Coalesce first: blocks parked in exact-size lists may make whole

@@ -141,7 +141,9 @@ func (h *Heap) ReleaseFloor() uint64 {
 
 // freeMappedLocked is the free bytes in mapped pages of the shared pools:
 // those the release threshold may unmap (private pools keep theirs). The
-// free blocks of a state are its mapped bytes less its active ones.
+// free blocks of a state are its mapped bytes less its active ones. A
+// paused tag's segments are not in h.mu.mapped, their active blocks are
+// in ActiveBytes: their books' mapped bytes make up for both.
 func (h *Heap) freeMappedLocked() int64 {
 	var n int64
 	for _, m := range h.mu.mapped {
@@ -149,8 +151,14 @@ func (h *Heap) freeMappedLocked() int64 {
 	}
 	n -= h.mu.stats.ActiveBytes.All.Current
 	for _, pp := range h.mu.pools {
+		paused := pp.paused()
 		for _, st := range pp.states {
 			n -= int64(st.freeBytes)
+			for _, seg := range st.segs {
+				if paused {
+					n += int64(seg.mapped)
+				}
+			}
 		}
 	}
 	return n

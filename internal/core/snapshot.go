@@ -25,9 +25,11 @@ func (h *Heap) Snapshot() Snapshot {
 
 func (h *Heap) segmentSnapshot(seg *Seg) Segment {
 	s := Segment{Device: h.dev, Stream: seg.Stream, Pool: seg.Pool.String(), PrivatePool: seg.st.key.private, Base: seg.Base, Reserved: seg.Size, PageSize: seg.PageSize}
-	mappedRuns(seg, func(ptr vmm.DevicePtr, size uint64) {
-		s.Mapped = append(s.Mapped, Range{Ptr: ptr, Size: size})
-	})
+	if !seg.paused { // a paused tag's blocks keep their books, not their pages
+		mappedRuns(seg, func(ptr vmm.DevicePtr, size uint64) {
+			s.Mapped = append(s.Mapped, Range{Ptr: ptr, Size: size})
+		})
+	}
 	for b := seg.first; b != nil; b = b.next {
 		var state BlockState
 		switch b.state {

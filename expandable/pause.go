@@ -1,0 +1,72 @@
+package expandable
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// Pause and resume (the Allocator's core.TagSet; internal/core/pause.go
+// has the rules). Here is what they do to pages: Pause unmaps each mapped
+// page of a tag, one Unmap a page, and releases it at once (not into the
+// page cache: the point is to give the memory back); Resume maps a run of
+// pages at each run the tag had mapped, with Map (cached pages first, one
+// SetAccess a run, naming the owner and every enabled peer).
+
+var _ core.Pauser = (*pages)(nil)
+
+// PauseRuns unmaps and releases the pages of runs: mapped/accessible ->
+// reserved. The first page of a run that fails to unmap and the rest of
+// that run stay mapped as a stuck run (stuck pages count as cached and are
+// unmapped by the next Map over them, ReleaseCache or DropSegment); the
+// other runs go on. A page that fails to release stays in the cache.
+func (p *pages) PauseRuns(runs []core.Run, st *core.Stats) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, r := range runs {
+		seg := r.Seg
+		sp := seg.Data.(*segPages)
+		ps := seg.PageSize
+		first := int(uint64(r.Ptr-seg.Base) / ps)
+		n := int(r.Size / ps)
+		for i := first; i < first+n; i++ {
+			at := seg.Base.Add(uint64(i) * ps)
+			if err := p.d.Unmap(at, ps); err != nil {
+				p.stick(seg, i, first+n-i)
+				errs = append(errs, fmt.Errorf("unmapping page at %v (it and the %d pages after it stay mapped): %w", at, first+n-i-1, err))
+				break
+			}
+			st.Unmaps++
+			h := sp.handles[i]
+			sp.handles[i] = 0
+			errs = append(errs, p.releasePage(seg.Pool, h))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// releasePage releases page h, or keeps it in the cache if the driver
+// fails to: ReleaseCache tries again.
+func (p *pages) releasePage(pool core.Pool, h vmm.Handle) error {
+	if err := p.d.Release(h); err != nil {
+		p.cache[pool] = append(p.cache[pool], h)
+		p.cacheBytes[pool] += p.pageSize(pool)
+		return fmt.Errorf("releasing page %#x (kept in the cache): %w", uint64(h), err)
+	}
+	return nil
+}
+
+// ResumeRuns maps pages at runs, one Map (a run of pages) at a time. If
+// one fails (Map undoes its own run), the runs mapped before it are
+// given back with PauseRuns.
+func (p *pages) ResumeRuns(runs []core.Run, st *core.Stats) error {
+	for i, r := range runs {
+		if err := p.Map(r.Seg, r.Ptr, r.Size, st); err != nil {
+			return errors.Join(err, p.PauseRuns(runs[:i], st))
+		}
+	}
+	return nil
+}
