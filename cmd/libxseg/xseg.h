@@ -237,7 +237,9 @@ char* xseg_history_json(int device);
  * nest: the innermost open one of a thread wins, and xseg_end_region ends
  * it (-1 when the thread has none open on device). An active PyTorch pool
  * (a CUDA graph capture, torch.cuda.use_mem_pool) whose filter accepts an
- * allocation wins over a region. 0 or -1.
+ * allocation wins over a region. A region belongs to its thread: end it
+ * there, before the thread exits (a thread made later may get the same
+ * thread id). 0 or -1.
  *
  * xseg_pause pauses tag (NULL: every tag) of device (-1: every device
  * with an allocator; a named tag then on every device that has it): it
