@@ -76,6 +76,17 @@ func TestCAPI(t *testing.T) {
 		out := run(t, time.Minute, host, prog, lib)
 		require.Contains(t, out, "ok\n", out)
 	})
+	t.Run("Tags", func(t *testing.T) {
+		// Tags, regions, pause and resume from C, bad input included; a
+		// shared block refusing a pause in a process of its own (a
+		// shareable allocator).
+		prog := filepath.Join(dir, "tags")
+		run(t, time.Minute, nil, cc, "-O2", "-Wall", "-I.", "-o", prog, "testdata/tags.c", "-ldl", "-lpthread")
+		out := run(t, time.Minute, host, prog, lib)
+		require.Equal(t, "ok", strings.TrimSpace(out))
+		out = run(t, time.Minute, host, prog, lib, "share")
+		require.Equal(t, "ok", strings.TrimSpace(out))
+	})
 	t.Run("Throw", func(t *testing.T) {
 		cxx, err := exec.LookPath("c++")
 		if err != nil {

@@ -18,12 +18,23 @@
 //
 // A hook that fails throws std::runtime_error with xseg's reason: PyTorch
 // turns it into a Python RuntimeError at the capture call.
+//
+// Regions (xseg_begin_region, xseg_end_region) route the calling thread's
+// allocations on a device, on every stream, to a tag's pool: python/xseg's
+// xseg.region(name). They are kept apart from PyTorch's routes and asked
+// after them, innermost (last begun) first, so that a CUDA graph captured
+// or a torch.cuda.MemPool used inside a region keeps its own pool (a
+// capture's memory must go to nothing outside it). Go is told nothing but
+// the tag: a region is no capture, so the allocator neither defers frees
+// nor refuses a pause while one is open.
 #include <atomic>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -37,13 +48,27 @@ struct Route {
 	xseg_stream_filter filter;
 };
 
-// DeviceRoutes are the filters of one device's active pools. active lets
-// the allocation path skip the lock while no pool is active.
+// Region is an open region: thread's allocations go to tag pool id.
+struct Region {
+	std::thread::id thread;
+	xseg_pool_id id;
+};
+
+// DeviceRoutes are the filters of one device's active pools and its open
+// regions. active (their number) lets the allocation path skip the lock
+// while there are none.
 struct DeviceRoutes {
 	std::mutex mu;
 	std::vector<Route> routes;
+	std::vector<Region> regions;
 	std::atomic<int> active{0};
+
+	void count() { active.store(static_cast<int>(routes.size() + regions.size()), std::memory_order_release); }
 };
+
+// kMaxRegions bounds the open regions of a device (a loop that never ends
+// its regions fails instead of growing the list without end).
+constexpr size_t kMaxRegions = 1 << 16;
 
 constexpr int kMaxDevices = 64; // as cmd/libxseg's maxDevices
 DeviceRoutes g_routes[kMaxDevices];
@@ -73,7 +98,7 @@ extern "C" void xseg_begin_allocate_to_pool(int device, xseg_pool_id id, xseg_st
 	}
 	std::lock_guard<std::mutex> g(r->mu);
 	r->routes.push_back(Route{id, std::move(filter)});
-	r->active.store(static_cast<int>(r->routes.size()), std::memory_order_release);
+	r->count();
 }
 
 extern "C" void xseg_end_allocate_to_pool(int device, xseg_pool_id id) {
@@ -86,7 +111,7 @@ extern "C" void xseg_end_allocate_to_pool(int device, xseg_pool_id id) {
 				break;
 			}
 		}
-		r->active.store(static_cast<int>(r->routes.size()), std::memory_order_release);
+		r->count();
 	}
 	if (xsegGoEndPool(device, id.first, id.second) != 0) {
 		fail("xseg_end_allocate_to_pool");
@@ -118,5 +143,54 @@ extern "C" int xseg_pool_route(int device, void* stream, unsigned long long* fir
 	} catch (...) {
 		return -1;
 	}
+	const std::thread::id self = std::this_thread::get_id();
+	for (auto it = r->regions.rbegin(); it != r->regions.rend(); ++it) {
+		if (it->thread == self) {
+			*first = it->id.first;
+			*second = it->id.second;
+			return 1;
+		}
+	}
 	return 0;
+}
+
+extern "C" int xseg_begin_region(int device, const char* tag) {
+	unsigned long long first = 0, second = 0;
+	// Checks the name and the device, and makes the tag.
+	if (xsegGoTag(device, const_cast<char*>(tag), &first, &second) != 0) {
+		return -1;
+	}
+	DeviceRoutes* r = routes_of(device);
+	if (r == nullptr) {
+		xsegGoSetError(const_cast<char*>("xseg_begin_region"), const_cast<char*>("device out of range"));
+		return -1;
+	}
+	std::lock_guard<std::mutex> g(r->mu);
+	if (r->regions.size() >= kMaxRegions) {
+		xsegGoSetError(const_cast<char*>("xseg_begin_region"),
+		               const_cast<char*>("65536 regions are open on this device: end some first"));
+		return -1;
+	}
+	r->regions.push_back(Region{std::this_thread::get_id(), xseg_pool_id(first, second)});
+	r->count();
+	return 0;
+}
+
+extern "C" int xseg_end_region(int device) {
+	DeviceRoutes* r = routes_of(device);
+	if (r != nullptr) {
+		const std::thread::id self = std::this_thread::get_id();
+		std::lock_guard<std::mutex> g(r->mu);
+		for (auto it = r->regions.rbegin(); it != r->regions.rend(); ++it) {
+			if (it->thread == self) {
+				r->regions.erase(std::next(it).base());
+				r->count();
+				return 0;
+			}
+		}
+	}
+	std::string msg = "device " + std::to_string(device) +
+	                  (r == nullptr ? " out of range" : ": no region is open on this thread");
+	xsegGoSetError(const_cast<char*>("xseg_end_region"), const_cast<char*>(msg.c_str()));
+	return -1;
 }

@@ -95,6 +95,18 @@ int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* 
 
 int xseg_close(int64_t handle) { return xsegGoClose(handle); }
 
+int xseg_tag(int device, const char* name, unsigned long long* first, unsigned long long* second) {
+	return xsegGoTag(device, (char*)name, first, second);
+}
+
+int xseg_pause(int device, const char* tag, int backup) { return xsegGoPause(device, (char*)tag, backup); }
+
+int xseg_resume(int device, const char* tag) { return xsegGoResume(device, (char*)tag); }
+
+char* xseg_tag_stats_json(int device, const char* tag) { return xsegGoTagStatsJSON(device, (char*)tag); }
+
+char* xseg_tags_json(int device) { return xsegGoTagsJSON(device); }
+
 const char* xseg_version(void) { return XSEG_VERSION; }
 
 const char* xseg_last_error(void) { return xsegGoLastError(); }

@@ -216,6 +216,65 @@ int xseg_set_memory_limit(int device, unsigned long long bytes);
 int xseg_record_history(int device, size_t max_entries);
 char* xseg_history_json(int device);
 
+/* --- tags: pause and resume at stable addresses --- */
+
+/* A tag is a named private pool of device's allocator whose physical
+ * memory can be given back while every address in it stays reserved
+ * (paused), and mapped again at the same addresses later (resumed): what
+ * vLLM's CuMemAllocator (sleep / wake_up) and torch_memory_saver (pause /
+ * resume) do, so that pointers held anywhere, CUDA graphs captured
+ * earlier included, stay valid. A name is 1 to 256 bytes of UTF-8
+ * without NUL (a longer string is read no further than byte 257).
+ *
+ * xseg_tag makes tag name on device if need be (and the device's
+ * allocator) and writes its pool id to *first and *second (neither may be
+ * NULL): xseg_malloc_in_pool with that id allocates in the tag. 0 or -1.
+ *
+ * xseg_begin_region makes tag name on device if need be and sends every
+ * later allocation of the calling thread on device (xseg_malloc and
+ * xseg_malloc_or_throw, any stream: PyTorch's tensors once xseg is its
+ * allocator) to it, until xseg_end_region on the same thread. Regions
+ * nest: the innermost open one of a thread wins, and xseg_end_region ends
+ * it (-1 when the thread has none open on device). An active PyTorch pool
+ * (a CUDA graph capture, torch.cuda.use_mem_pool) whose filter accepts an
+ * allocation wins over a region. A region belongs to its thread: end it
+ * there, before the thread exits (a thread made later may get the same
+ * thread id). 0 or -1.
+ *
+ * xseg_pause pauses tag (NULL: every tag) of device (-1: every device
+ * with an allocator; a named tag then on every device that has it): it
+ * waits for all work on the device, copies the bytes of the tag's
+ * allocated blocks to host memory if backup is not 0, then unmaps and
+ * releases the tag's pages. Blocks stay allocated at their addresses,
+ * and nothing may touch them until resumed (on CUDA a kernel that reads
+ * paused memory faults). Allocating in a paused tag fails ("the tag is
+ * paused"); freeing a block of it works. It refuses a tag with a block
+ * shared with another process (xseg_share: the importer maps the same
+ * pages), and any pause while a CUDA graph capture is underway. Pausing a
+ * paused tag does nothing. xseg_resume maps new pages at the same
+ * addresses for tag (NULL: every paused tag) of device (-1: all), for the
+ * device and its peers, and copies the backup back; without one the bytes
+ * are unspecified (zero on the host backend). Resuming a live tag does
+ * nothing; a failed resume leaves the tag paused, backup kept, and can be
+ * retried. Each tag is paused or resumed wholly or not at all; the first
+ * that fails stops the call. Both 0 or -1.
+ *
+ * xseg_tag_stats_json returns tag's statistics on device as a JSON object
+ * {"name", "id": [first, second], "paused", "backup", "reserved_bytes",
+ * "paused_bytes", "allocated_bytes", "allocations", "backup_bytes",
+ * "pauses", "remaps"}; xseg_tags_json those of every tag of device, by
+ * name, as a JSON array. "remaps" counts the resumes: the addresses
+ * stay, the physical pages do not, so memory registered with something
+ * that holds pages (NCCL buffer registration, RDMA) is registered again
+ * when it moves. Free with xseg_string_free; NULL on failure. */
+int xseg_tag(int device, const char* name, unsigned long long* first, unsigned long long* second);
+int xseg_begin_region(int device, const char* name);
+int xseg_end_region(int device);
+int xseg_pause(int device, const char* tag, int backup);
+int xseg_resume(int device, const char* tag);
+char* xseg_tag_stats_json(int device, const char* tag);
+char* xseg_tags_json(int device);
+
 /* xseg_version returns XSEG_VERSION. */
 const char* xseg_version(void);
 

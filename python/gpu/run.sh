@@ -8,7 +8,8 @@
 # PyTorch's own (tools/torch_latency.cpp), and the replays of both traces
 # through PyTorch's three configurations and xseg. Logs go to $OUT (or
 # /tmp/xseg-gpu), one per step; a summary of the key lines ends the output.
-# Usage: bash python/gpu/run.sh [step ...]   (steps: gpt2 race latency replay api; default all)
+# Usage: bash python/gpu/run.sh [step ...]   (steps: gpt2 race latency replay api; default all;
+# also pause and pausebench, issue 18's must-shows, only when named)
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -55,10 +56,12 @@ for s in $steps; do
 			log replay timeout 120 python3 python/gpu/replay_xseg.py "$gl/$tr.trace.gz"
 		done ;;
 	api) log api timeout 120 python3 python/gpu/api.py ;;
+	pause) log pause timeout 300 python3 python/gpu/pause_gpt2.py ;;
+	pausebench) log pausebench timeout 3600 python3 python/gpu/pause_bench.py ;;
 	*) echo "unknown step $s"; status=1 ;;
 	esac
 done
 
 echo "=== summary"
-grep -hE "GPT2 COMPARE|^loss:|tokens/s median|^peak reserved|^xseg counters|correct [0-9]|pair:|trace.gz \[|^API" "$out"/*.log
+grep -hE "^mem_get_info free|^greedy tokens|^graph captured|^(xseg|vmm|empty_cache) +[0-9]|GPT2 COMPARE|^loss:|tokens/s median|^peak reserved|^xseg counters|correct [0-9]|pair:|trace.gz \[|^API" "$out"/*.log
 exit $status

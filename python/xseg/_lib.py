@@ -22,6 +22,12 @@ class XsegError(RuntimeError):
     """A libxseg call failed; the message is libxseg's reason."""
 
 
+class PausedError(XsegError):
+    """An allocation went to a paused tag (see xseg.pause): resume the tag
+    first. (Allocations PyTorch makes through an installed xseg raise
+    RuntimeError with the same text, "the tag is paused".)"""
+
+
 class OutOfMemoryError(XsegError, MemoryError):
     """An allocation through the ctypes layer found no memory. (Allocations
     PyTorch makes through an installed xseg raise torch.OutOfMemoryError
@@ -89,6 +95,13 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "xseg_set_memory_limit": (_INT, [_INT, _ULL]),
     "xseg_record_history": (_INT, [_INT, _SZ]),
     "xseg_history_json": (_VP, [_INT]),
+    "xseg_tag": (_INT, [_INT, _c.c_char_p, _c.POINTER(_ULL), _c.POINTER(_ULL)]),
+    "xseg_begin_region": (_INT, [_INT, _c.c_char_p]),
+    "xseg_end_region": (_INT, [_INT]),
+    "xseg_pause": (_INT, [_INT, _c.c_char_p, _INT]),
+    "xseg_resume": (_INT, [_INT, _c.c_char_p]),
+    "xseg_tag_stats_json": (_VP, [_INT, _c.c_char_p]),
+    "xseg_tags_json": (_VP, [_INT]),
     "xseg_version": (_c.c_char_p, []),
     "xseg_last_error": (_c.c_char_p, []),
 }
@@ -278,6 +291,8 @@ def malloc_at_most(max_bytes: int, min_bytes: int, device: int = 0, stream: int 
 
 def _raise_alloc(what: str, size: int) -> None:
     err = last_error() or "unknown error"
+    if "the tag is paused" in err:
+        raise PausedError(f"xseg: {what} of {size} bytes: {err}")
     if "out of memory" in err:
         raise OutOfMemoryError(f"xseg: {what} of {size} bytes: {err}")
     raise XsegError(f"xseg: {what} of {size} bytes failed: {err}")
@@ -380,3 +395,70 @@ def pool_allocations(pool: Tuple[int, int], device: int) -> List[int]:
     """Addresses of the blocks allocated now in private pool ``pool``."""
     first, second = pool
     return call_json(lambda lib: lib.xseg_pool_json(int(device), int(first), int(second), 0), "pool_allocations")
+
+
+def malloc_in_pool(size: int, pool: Tuple[int, int], device: int = 0, stream: int = 0) -> int:
+    """Allocate size bytes on device from private pool ``pool`` (which must
+    be retained: a tag's id from tag(), a MemPool's); returns the address.
+    Raises PausedError in a paused tag, OutOfMemoryError, XsegError."""
+    if size < 0:
+        raise ValueError(f"xseg: malloc_in_pool of a negative size {size}")
+    p = load().xseg_malloc_in_pool(int(size), int(device), stream or None, int(pool[0]), int(pool[1]))
+    if not p and size:
+        _raise_alloc("malloc_in_pool", size)
+    return p or 0
+
+
+# Tags: pause and resume (the user-facing functions are in _pause.py).
+
+def _tag_arg(name: Optional[str]) -> Optional[bytes]:
+    """A tag name as the C API takes it; None stays None (every tag).
+    ctypes would cut a string at a NUL without a word: refuse it here."""
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise TypeError(f"xseg: a tag name is a str, not {type(name).__name__}")
+    if "\0" in name:
+        raise ValueError(f"xseg: tag name {name!r} contains NUL")
+    return name.encode("utf-8")  # a lone surrogate: UnicodeEncodeError, a ValueError
+
+
+def tag(name: str, device: int = 0) -> Tuple[int, int]:
+    """Make tag ``name`` on device if need be and return its private pool
+    id (first, second): malloc_in_pool with it allocates in the tag."""
+    first, second = ctypes.c_ulonglong(), ctypes.c_ulonglong()
+    check(load().xseg_tag(int(device), _tag_arg(name), ctypes.byref(first), ctypes.byref(second)), f"tag({name!r})")
+    return first.value, second.value
+
+
+def begin_region(name: str, device: int = 0) -> None:
+    """Send the calling thread's allocations on device to tag ``name``
+    until end_region (regions nest, innermost wins)."""
+    check(load().xseg_begin_region(int(device), _tag_arg(name)), f"begin_region({name!r})")
+
+
+def end_region(device: int = 0) -> None:
+    """End the calling thread's innermost region on device."""
+    check(load().xseg_end_region(int(device)), "end_region")
+
+
+def pause_tag(name: Optional[str], backup: bool, device: int = -1) -> None:
+    """Pause tag ``name`` (None: every tag) of device (-1: every device)."""
+    check(load().xseg_pause(int(device), _tag_arg(name), 1 if backup else 0), f"pause({name!r})")
+
+
+def resume_tag(name: Optional[str], device: int = -1) -> None:
+    """Resume tag ``name`` (None: every paused tag) of device (-1: every
+    device)."""
+    check(load().xseg_resume(int(device), _tag_arg(name)), f"resume({name!r})")
+
+
+def raw_tag_stats(name: str, device: int) -> Dict[str, Any]:
+    """The statistics of tag ``name`` on device, as libxseg's JSON."""
+    arg = _tag_arg(name)
+    return call_json(lambda lib: lib.xseg_tag_stats_json(int(device), arg), f"tag_stats({name!r})")
+
+
+def raw_tags(device: int) -> List[Dict[str, Any]]:
+    """The statistics of every tag of device, by name."""
+    return call_json(lambda lib: lib.xseg_tags_json(int(device)), "tags")
