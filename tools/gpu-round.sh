@@ -17,11 +17,15 @@
 #   py       the wheel's pytest, python/gpu/dropin.py, python/gpu/graphs.py
 #   corpus   python/gpu/corpus/run.sh: record the workload corpus with the
 #            package's recorder and replay it under PyTorch's allocators
+#   pause    python/gpu/pause_gpt2.py (GPT-2 small paused and resumed:
+#            free memory, tokens, a CUDA graph) and pause_bench.py for MODES
+#            (default xseg; vmm and empty_cache are the baselines: one call
+#            each, 1,000 cycles of 8 GiB may take minutes a mode)
 # Logs and JSON go under OUT (default $OUT, else /tmp/gpu-round), tarred
 # into OUT/PHASE.tgz.
 set -u
 cd "$(dirname "$0")/.."
-phase=${1:?phase: go, replay, train, py or corpus}
+phase=${1:?phase: go, replay, train, py, corpus or pause}
 out=${2:-${OUT:-/tmp/gpu-round}}
 L=/tmp/gpu-round-$phase
 rm -rf "$L"; mkdir -p "$L" "$out"
@@ -81,6 +85,11 @@ py)
 corpus)
   wheel
   BUDGET=${BUDGET:-500} bash python/gpu/corpus/run.sh "$L/corpus"; echo "corpus rc $?"
+  ;;
+pause)
+  wheel
+  timeout 200 python3 python/gpu/pause_gpt2.py > "$L/pause_gpt2.log" 2>&1; echo "pause_gpt2 rc $?"; grep '^RESULT' "$L/pause_gpt2.log"
+  timeout 360 python3 python/gpu/pause_bench.py --modes "${MODES:-xseg}" > "$L/pause_bench.log" 2>&1; echo "pause_bench rc $?"; tail -8 "$L/pause_bench.log"
   ;;
 *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
