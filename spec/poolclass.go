@@ -1,6 +1,9 @@
 package spec
 
-import "fmt"
+import (
+	"fmt"
+	"unsafe"
+)
 
 // The shared pools as data. A request goes to the first class whose
 // MaxRequest it does not pass; each class has its own page size (for
@@ -72,14 +75,11 @@ func (p Pool) String() string {
 	return fmt.Sprintf("Pool(%d)", int(p))
 }
 
-// Of is the counter of pool p. A pool out of range panics: no pool
-// silently counts as another.
-func (s *PoolStat) Of(p Pool) *Stat {
-	switch p {
-	case Small:
-		return &s.Small
-	case Large:
-		return &s.Large
-	}
-	panic(fmt.Sprintf("spec: %v has no counter in PoolStat", p))
-}
+// Of is the counter of pool p. A pool out of range panics (an index out
+// of range): no pool silently counts as another.
+func (s *PoolStat) Of(p Pool) *Stat { return &s.pools()[p] }
+
+// pools is the per-pool counters as an array, by Pool: PoolStat's fields
+// after All are one Stat a pool in Pool order (TestPoolStatLayout checks
+// it), which the allocation path indexes without a branch.
+func (s *PoolStat) pools() *[NumPools]Stat { return (*[NumPools]Stat)(unsafe.Pointer(&s.Small)) }

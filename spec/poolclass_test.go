@@ -3,6 +3,7 @@ package spec
 import (
 	"encoding/json"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -66,4 +67,15 @@ func TestNoSmallPool(t *testing.T) {
 	for _, size := range []uint64{1, 512, 4096, 1 * MiB, 1 << 40} {
 		require.Equal(t, Large, c.PoolOf(size), "%d bytes", size)
 	}
+}
+
+// TestPoolStatLayout: PoolStat's per-pool fields are one Stat a pool, in
+// Pool order and right after one another, as PoolStat.Of indexes them.
+func TestPoolStatLayout(t *testing.T) {
+	var s PoolStat
+	require.Equal(t, unsafe.Sizeof(Stat{})*uintptr(NumPools+1), unsafe.Sizeof(s), "All and one Stat a pool, nothing else")
+	require.Equal(t, unsafe.Offsetof(s.Small), unsafe.Sizeof(Stat{}))
+	require.Equal(t, unsafe.Offsetof(s.Large), unsafe.Offsetof(s.Small)+unsafe.Sizeof(Stat{}))
+	require.Same(t, &s.Small, s.Of(Small))
+	require.Same(t, &s.Large, s.Of(Large))
 }

@@ -22,6 +22,22 @@ func (s *Stat) Add(n int64) {
 	}
 }
 
+// Inc adds n to the counter and keeps the peak: Add for an n known to be
+// positive, without the sign test (the allocation path calls it).
+func (s *Stat) Inc(n uint64) {
+	s.Current += int64(n)
+	s.Allocated += int64(n)
+	if s.Current > s.Peak {
+		s.Peak = s.Current
+	}
+}
+
+// Dec takes n away from the counter: Add(-n) without the sign test.
+func (s *Stat) Dec(n uint64) {
+	s.Current -= int64(n)
+	s.Freed += int64(n)
+}
+
 // ResetPeak makes the peak the current value.
 func (s *Stat) ResetPeak() { s.Peak = s.Current }
 
@@ -49,6 +65,18 @@ const (
 func (s *PoolStat) Add(p Pool, n int64) {
 	s.All.Add(n)
 	s.Of(p).Add(n)
+}
+
+// Inc adds n to the counter of pool p and of all pools.
+func (s *PoolStat) Inc(p Pool, n uint64) {
+	s.All.Inc(n)
+	s.Of(p).Inc(n)
+}
+
+// Dec takes n away from the counter of pool p and of all pools.
+func (s *PoolStat) Dec(p Pool, n uint64) {
+	s.All.Dec(n)
+	s.Of(p).Dec(n)
 }
 
 // ResetPeak resets the peaks of all the counters.

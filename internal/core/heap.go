@@ -118,9 +118,9 @@ func (h *Heap) wholePages(rs uint64, p Pool) uint64 {
 }
 
 func (h *Heap) PoolOf(size uint64) Pool {
-	for _, c := range h.classes[:NumPools-1] {
-		if size <= c.MaxRequest {
-			return c.Pool
+	for i := range NumPools - 1 {
+		if size <= h.classes[i].MaxRequest {
+			return h.classes[i].Pool
 		}
 	}
 	return h.classes[NumPools-1].Pool
@@ -233,11 +233,11 @@ func (h *Heap) handOutLocked(b *block, rs, req uint64) *block {
 	}
 	p := b.seg.Pool
 	st := &h.mu.stats
-	st.AllocatedBytes.Add(p, int64(b.size))
-	st.RequestedBytes.Add(p, int64(req))
-	st.ActiveBytes.Add(p, int64(b.size))
-	st.Allocations.Add(p, 1)
-	st.ActiveBlocks.Add(p, 1)
+	st.AllocatedBytes.Inc(p, b.size)
+	st.RequestedBytes.Inc(p, req)
+	st.ActiveBytes.Inc(p, b.size)
+	st.Allocations.Inc(p, 1)
+	st.ActiveBlocks.Inc(p, 1)
 	if h.mu.hist != nil {
 		h.noteLocked(ActionAlloc, b.ptr, b.size, b.seg)
 	}
@@ -316,9 +316,9 @@ func (h *Heap) privateStateLocked(id PoolID, s vmm.Stream, rs uint64, p Pool) (*
 func (h *Heap) unallocateLocked(b *block) {
 	p := b.seg.Pool
 	st := &h.mu.stats
-	st.AllocatedBytes.Add(p, -int64(b.size))
-	st.RequestedBytes.Add(p, -int64(b.requested))
-	st.Allocations.Add(p, -1)
+	st.AllocatedBytes.Dec(p, b.size)
+	st.RequestedBytes.Dec(p, b.requested)
+	st.Allocations.Dec(p, 1)
 	b.requested = 0
 }
 
@@ -335,8 +335,8 @@ func (h *Heap) deactivateLocked(b *block) {
 		h.noteLocked(ActionFreeCompleted, b.ptr, b.size, b.seg)
 	}
 	p := b.seg.Pool
-	h.mu.stats.ActiveBytes.Add(p, -int64(b.size))
-	h.mu.stats.ActiveBlocks.Add(p, -1)
+	h.mu.stats.ActiveBytes.Dec(p, b.size)
+	h.mu.stats.ActiveBlocks.Dec(p, 1)
 	b.state = stFree
 	st := b.seg.st
 	if st.exactN < maxExact {
