@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -166,7 +167,7 @@ func (s *plotSeries) draw(path, setup string) error {
 			top = max(top, xy.Y)
 		}
 	}
-	p.Y.Min, p.Y.Max = 0, top*1.15+1e-9
+	p.Y.Min, p.Y.Max = 0, niceCeil(top*1.3+1e-9) // room above the peaks for the legend
 	p.X.Min, p.X.Max = 0, max(float64(s.last), 1)
 	p.Add(plotter.NewGrid())
 	for _, l := range []struct {
@@ -195,6 +196,22 @@ func (s *plotSeries) draw(path, setup string) error {
 	}
 	p.Legend.Top, p.Legend.Left = true, true
 	return p.Save(9*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// niceCeil rounds v (GiB) up to a multiple of a step of 1, 2 or 5 times a
+// power of ten, chosen so that the axis has at most six steps: gonum's
+// ticks then fall on round sizes.
+func niceCeil(v float64) float64 {
+	if v <= 0 {
+		return 1
+	}
+	for p := math.Pow(10, math.Floor(math.Log10(v/6))); ; p *= 10 {
+		for _, m := range []float64{1, 2, 5} {
+			if step := m * p; math.Ceil(v/step) <= 6 {
+				return math.Ceil(v/step) * step
+			}
+		}
+	}
 }
 
 // labelAll is a tick marker that labels every tick gonum's default marker

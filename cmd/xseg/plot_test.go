@@ -133,3 +133,19 @@ func TestPlotTicksAndTitle(t *testing.T) {
 	require.GreaterOrEqual(t, len(labels), 5, labels)
 	require.Contains(t, labels, "4,000")
 }
+
+// TestNiceCeil: the y axis ends at a round size at or above the data, in at
+// most six round steps.
+func TestNiceCeil(t *testing.T) {
+	for v, want := range map[float64]float64{19.16: 20, 3.1: 4, 0.5: 0.5, 100: 100, 0: 1, 7: 8, 31: 40} {
+		got := niceCeil(v)
+		if got != want {
+			t.Errorf("niceCeil(%v) = %v, want %v", v, got, want)
+		}
+	}
+	for v := 0.01; v < 5000; v *= 1.37 {
+		if got := niceCeil(v); got < v || got > 2.5*v {
+			t.Errorf("niceCeil(%v) = %v: below the data or far above it", v, got)
+		}
+	}
+}
