@@ -15,15 +15,12 @@
 SYM(xseg_malloc)
 SYM(xseg_free)
 SYM(xseg_record_stream)
-SYM(xseg_stats_json)
 SYM(xseg_snapshot_json)
-SYM(xseg_string_free)
 SYM(xseg_empty_cache)
 SYM(xseg_reset_peak_stats)
 SYM(xseg_configure)
 SYM(xseg_set_log_level)
 SYM(xseg_version)
-SYM(xseg_last_error)
 SYM(xseg_share)
 SYM(xseg_unshare)
 SYM(xseg_open)
@@ -31,15 +28,14 @@ SYM(xseg_close)
 
 
 static void load(const char* path) {
-	void* h = open_lib(path);
+	void* h = open_common(path);
 	LOAD(h, xseg_malloc) LOAD(h, xseg_free) LOAD(h, xseg_record_stream)
-	LOAD(h, xseg_stats_json) LOAD(h, xseg_snapshot_json) LOAD(h, xseg_string_free)
+	LOAD(h, xseg_snapshot_json)
 	LOAD(h, xseg_empty_cache) LOAD(h, xseg_reset_peak_stats) LOAD(h, xseg_configure)
-	LOAD(h, xseg_set_log_level) LOAD(h, xseg_version) LOAD(h, xseg_last_error)
+	LOAD(h, xseg_set_log_level) LOAD(h, xseg_version)
 	LOAD(h, xseg_share) LOAD(h, xseg_unshare) LOAD(h, xseg_open) LOAD(h, xseg_close)
 }
 
-static int error_has(const char* needle) { return strstr(p_xseg_last_error(), needle) != NULL; }
 
 static int error_has_ptr(const char* prefix, const void* p) {
 	char want[64];
@@ -67,16 +63,6 @@ static long long stat(int dev, const char* name, const char* field) {
 	return v;
 }
 
-static long long top(int dev, const char* name) {
-	char* js = p_xseg_stats_json(dev);
-	if (!js) return -1;
-	char key[128];
-	snprintf(key, sizeof key, "\"%s\":", name);
-	char* at = strstr(js, key);
-	long long v = at ? atoll(at + strlen(key)) : -1;
-	p_xseg_string_free(js);
-	return v;
-}
 
 static void* worker(void* arg) {
 	long bad = 0;

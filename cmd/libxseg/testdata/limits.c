@@ -14,10 +14,7 @@
 
 SYM(xseg_malloc)
 SYM(xseg_free)
-SYM(xseg_stats_json)
-SYM(xseg_string_free)
 SYM(xseg_empty_cache)
-SYM(xseg_last_error)
 SYM(xseg_set_memory_fraction)
 SYM(xseg_memory_fraction)
 SYM(xseg_set_memory_limit)
@@ -26,26 +23,14 @@ SYM(xseg_history_json)
 
 
 static void load(const char* path) {
-	void* h = open_lib(path);
-	LOAD(h, xseg_malloc) LOAD(h, xseg_free) LOAD(h, xseg_stats_json) LOAD(h, xseg_string_free)
-	LOAD(h, xseg_empty_cache) LOAD(h, xseg_last_error) LOAD(h, xseg_set_memory_fraction)
+	void* h = open_common(path);
+	LOAD(h, xseg_malloc) LOAD(h, xseg_free)
+	LOAD(h, xseg_empty_cache) LOAD(h, xseg_set_memory_fraction)
 	LOAD(h, xseg_memory_fraction) LOAD(h, xseg_set_memory_limit) LOAD(h, xseg_record_history)
 	LOAD(h, xseg_history_json)
 }
 
-static int error_has(const char* needle) { return strstr(p_xseg_last_error(), needle) != NULL; }
 
-// top reads a top-level number of the stats JSON; -1 if it has no such key.
-static long long top(int dev, const char* name) {
-	char* js = p_xseg_stats_json(dev);
-	if (!js) return -1;
-	char key[128];
-	snprintf(key, sizeof key, "\"%s\":", name);
-	char* at = strstr(js, key);
-	long long v = at ? atoll(at + strlen(key)) : -1;
-	p_xseg_string_free(js);
-	return v;
-}
 
 static double fraction(int dev) {
 	double f = -1;

@@ -18,8 +18,6 @@ SYM(xseg_malloc)
 SYM(xseg_malloc_in_pool)
 SYM(xseg_free)
 SYM(xseg_free_block)
-SYM(xseg_stats_json)
-SYM(xseg_string_free)
 SYM(xseg_pool_json)
 SYM(xseg_configure)
 SYM(xseg_share)
@@ -31,18 +29,16 @@ SYM(xseg_pause)
 SYM(xseg_resume)
 SYM(xseg_tag_stats_json)
 SYM(xseg_tags_json)
-SYM(xseg_last_error)
 
 static void load(const char* path) {
-	void* h = open_lib(path);
+	void* h = open_common(path);
 	LOAD(h, xseg_malloc) LOAD(h, xseg_malloc_in_pool) LOAD(h, xseg_free) LOAD(h, xseg_free_block)
-	LOAD(h, xseg_stats_json) LOAD(h, xseg_string_free) LOAD(h, xseg_pool_json) LOAD(h, xseg_configure)
+	LOAD(h, xseg_pool_json) LOAD(h, xseg_configure)
 	LOAD(h, xseg_share) LOAD(h, xseg_unshare) LOAD(h, xseg_tag) LOAD(h, xseg_begin_region)
 	LOAD(h, xseg_end_region) LOAD(h, xseg_pause) LOAD(h, xseg_resume) LOAD(h, xseg_tag_stats_json)
-	LOAD(h, xseg_tags_json) LOAD(h, xseg_last_error)
+	LOAD(h, xseg_tags_json)
 }
 
-static int error_has(const char* needle) { return strstr(p_xseg_last_error(), needle) != NULL; }
 
 // num reads the number after "key": in js; -1 if absent.
 static long long num(const char* js, const char* key) {
