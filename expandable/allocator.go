@@ -50,6 +50,9 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 		}
 	}
 	p := &pages{d: d, dev: dev, cfg: cfg, total: info.TotalMemory, rw: vmm.ReadWrite(dev)}
+	for _, pool := range spec.Pools() {
+		p.cacheFrom[pool] = append([]core.Pool{pool}, cfg.PageMates(pool)...)
+	}
 	if cfg.Shareable {
 		p.types = vmm.HandlePosixFD
 	}

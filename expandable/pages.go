@@ -28,6 +28,9 @@ type pages struct {
 
 	cache      [core.NumPools][]vmm.Handle // unmapped pages kept for reuse, by pool
 	cacheBytes [core.NumPools]uint64
+	// cacheFrom lists, by pool, the caches a run of the pool takes pages
+	// from: its own, then its page mates' (Config.PageMates).
+	cacheFrom  [core.NumPools][]core.Pool
 	stuckBytes [core.NumPools]uint64 // the pages of every segment's stuck runs, by pool
 
 	mu struct {
@@ -228,7 +231,7 @@ func (p *pages) unmapLocked(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *c
 // takePage returns a cached page of the pool, or a new one.
 func (p *pages) takePage(pool core.Pool, st *core.Stats) (vmm.Handle, error) {
 	ps := p.pageSize(pool)
-	for _, q := range p.cacheOrder(pool) {
+	for _, q := range p.cacheFrom[pool] {
 		if c := p.cache[q]; len(c) > 0 {
 			h := c[len(c)-1]
 			p.cache[q] = c[:len(c)-1]
@@ -243,20 +246,6 @@ func (p *pages) takePage(pool core.Pool, st *core.Stats) (vmm.Handle, error) {
 	}
 	st.PagesCreated++
 	return h, nil
-}
-
-// cacheOrder lists the pools whose cached pages a run of pool may take:
-// pool itself, then every other pool whose pages are the same size (a
-// physical page fits any range of its size).
-func (p *pages) cacheOrder(pool core.Pool) []core.Pool {
-	order := make([]core.Pool, 0, core.NumPools)
-	order = append(order, pool)
-	for _, c := range p.cfg.PoolClasses() {
-		if c.Pool != pool && c.PageSize == p.pageSize(pool) {
-			order = append(order, c.Pool)
-		}
-	}
-	return order
 }
 
 // putPage keeps an unmapped page in the cache if it has room and releases

@@ -57,6 +57,19 @@ func (c Config) PoolOf(size uint64) Pool {
 // PageSize is the page size of pool p. A pool out of range panics.
 func (c Config) PageSize(p Pool) uint64 { return c.PoolClasses()[p].PageSize }
 
+// PageMates lists, in pool order, the other pools whose pages are the
+// same size as p's: a physical page of one fits any range of the others,
+// so they may hand pages to each other.
+func (c Config) PageMates(p Pool) []Pool {
+	var mates []Pool
+	for _, pc := range c.PoolClasses() {
+		if pc.Pool != p && pc.PageSize == c.PageSize(p) {
+			mates = append(mates, pc.Pool)
+		}
+	}
+	return mates
+}
+
 // Pools lists every shared pool, in order.
 func Pools() [NumPools]Pool {
 	var ps [NumPools]Pool

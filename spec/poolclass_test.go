@@ -79,3 +79,13 @@ func TestPoolStatLayout(t *testing.T) {
 	require.Same(t, &s.Small, s.Of(Small))
 	require.Same(t, &s.Large, s.Of(Large))
 }
+
+// TestPageMates: pools hand pages only to pools with pages of their size.
+func TestPageMates(t *testing.T) {
+	c := DefaultConfig()
+	require.Empty(t, c.PageMates(Small), "2 MiB and 20 MiB pages do not mix")
+	require.Empty(t, c.PageMates(Large))
+	c.LargePageSize = c.SmallPageSize
+	require.Equal(t, []Pool{Large}, c.PageMates(Small))
+	require.Equal(t, []Pool{Small}, c.PageMates(Large))
+}

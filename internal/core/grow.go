@@ -80,16 +80,14 @@ func (h *Heap) stealLocked(hole *block, rs uint64) bool {
 }
 
 // donorsLocked are the states whose free pages a growth of seg may take:
-// seg's own, then the other shared pools of its stream whose pages are the
-// same size (a physical page fits any address range of its size; the
-// Backing hands a cached page to whichever pool asks). In pool order, so
-// that a replay is the same every time.
+// seg's own, then those of the smaller shared pools of its stream whose
+// pages are the same size (Config.PageMates; a physical page fits any
+// address range of its size, and the Backing hands a cached page to
+// whichever pool asks). Never a larger pool's: the two would take pages
+// back and forth. In pool order, so that a replay is the same every time.
 func (h *Heap) donorsLocked(seg *Seg) []*state {
 	donors := []*state{seg.st}
-	for _, p := range spec.Pools() {
-		if p >= seg.Pool || h.classes[p].PageSize != seg.PageSize {
-			continue
-		}
+	for _, p := range h.donors[seg.Pool] {
 		if st := h.mu.states[stateKey{stream: seg.Stream, pool: p}]; st != nil {
 			donors = append(donors, st)
 		}

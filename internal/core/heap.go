@@ -33,6 +33,9 @@ type Heap struct {
 	// classes are cfg's shared pools (Config.PoolClasses), kept for the
 	// allocation path.
 	classes [NumPools]spec.PoolClass
+	// donors are, by pool, the smaller pools whose free pages a growth of
+	// the pool may take (grow.go).
+	donors [NumPools][]Pool
 	// done is closed by Close (under mu, see wakeLocked): an allocation
 	// sleeping in the OOM backoff, without the lock, wakes on it.
 	done chan struct{}
@@ -85,6 +88,13 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 	}
 	h := &Heap{drv: d, dev: dev, back: b, cfg: cfg, limit: limit, log: log, done: make(chan struct{})}
 	h.classes = cfg.PoolClasses()
+	for _, p := range spec.Pools() {
+		for _, q := range cfg.PageMates(p) {
+			if q < p {
+				h.donors[p] = append(h.donors[p], q)
+			}
+		}
+	}
 	if rp, ok := b.(ReleasePolicer); ok {
 		h.release = rp.ReleasePolicy()
 	}
