@@ -184,8 +184,3 @@ func defaultCause(op Op) error {
 	}
 	return ErrInjected
 }
-
-// notSupported is the answer to an optional method the wrapped driver lacks.
-func (f *Faulty) notSupported(op Op) error {
-	return fmt.Errorf("vmmtest: %s: the %s driver has no such method: %w", op, f.d.Backend(), vmm.ErrNotSupported)
-}

@@ -299,11 +299,7 @@ func (f *Faulty) MemsetAsync(dst vmm.DevicePtr, value byte, n uint64, s vmm.Stre
 	if err := f.enter(OpMemsetAsync); err != nil {
 		return err
 	}
-	d, ok := f.d.(vmm.AsyncMemsetter)
-	if !ok {
-		return f.notSupported(OpMemsetAsync)
-	}
-	return d.MemsetAsync(dst, value, n, s)
+	return MemsetAsync(f.d, dst, value, n, s)
 }
 
 // MemAlloc implements vmm.Driver.
@@ -328,11 +324,7 @@ func (f *Faulty) ExportAllocIPC(ptr vmm.DevicePtr) (vmm.IPCMemHandle, error) {
 	if err := f.enter(OpExportAllocIPC); err != nil {
 		return vmm.IPCMemHandle{}, err
 	}
-	d, ok := f.d.(vmm.AllocIPC)
-	if !ok {
-		return vmm.IPCMemHandle{}, f.notSupported(OpExportAllocIPC)
-	}
-	return d.ExportAllocIPC(ptr)
+	return exportAllocIPC(f.d, ptr)
 }
 
 // OpenAllocIPC implements vmm.AllocIPC, as ExportAllocIPC does.
@@ -340,11 +332,7 @@ func (f *Faulty) OpenAllocIPC(h vmm.IPCMemHandle, dev vmm.Device) (vmm.DevicePtr
 	if err := f.enter(OpOpenAllocIPC); err != nil {
 		return 0, 0, err
 	}
-	d, ok := f.d.(vmm.AllocIPC)
-	if !ok {
-		return 0, 0, f.notSupported(OpOpenAllocIPC)
-	}
-	return d.OpenAllocIPC(h, dev)
+	return openAllocIPC(f.d, h, dev)
 }
 
 // CloseAllocIPC implements vmm.AllocIPC, as ExportAllocIPC does.
@@ -352,11 +340,7 @@ func (f *Faulty) CloseAllocIPC(ptr vmm.DevicePtr) error {
 	if err := f.enter(OpCloseAllocIPC); err != nil {
 		return err
 	}
-	d, ok := f.d.(vmm.AllocIPC)
-	if !ok {
-		return f.notSupported(OpCloseAllocIPC)
-	}
-	return d.CloseAllocIPC(ptr)
+	return closeAllocIPC(f.d, ptr)
 }
 
 // ExportAllocFD implements vmm.AllocFD: it forwards to the wrapped driver's,
@@ -365,11 +349,7 @@ func (f *Faulty) ExportAllocFD(ptr vmm.DevicePtr) (int, uint64, error) {
 	if err := f.enter(OpExportAllocFD); err != nil {
 		return -1, 0, err
 	}
-	d, ok := f.d.(vmm.AllocFD)
-	if !ok {
-		return -1, 0, f.notSupported(OpExportAllocFD)
-	}
-	return d.ExportAllocFD(ptr)
+	return exportAllocFD(f.d, ptr)
 }
 
 // Close implements vmm.Driver. An injected failure leaves the wrapped driver
