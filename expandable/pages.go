@@ -202,30 +202,33 @@ func (p *pages) putPages(pool core.Pool, hs []vmm.Handle) error {
 func (p *pages) Unmap(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stats) (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.unmapLocked(seg, ptr, size, st)
+	return p.unmapLocked(seg, ptr, size, st, p.putPage)
 }
 
-// unmapLocked is Unmap with p.mu held.
-func (p *pages) unmapLocked(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stats) (uint64, error) {
+// unmapLocked unmaps the pages of [ptr, ptr+size) one by one and hands
+// each to put (putPage: the cache; releasePage: the driver; a page put
+// fails to release it keeps in the cache, and the unmapping goes on). It
+// stops at the first page the driver fails to unmap and returns the bytes
+// unmapped before it: all of them unless the driver failed. p.mu is held.
+func (p *pages) unmapLocked(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stats, put func(core.Pool, vmm.Handle) error) (uint64, error) {
 	sp := seg.Data.(*segPages)
 	ps := seg.PageSize
 	first := int(uint64(ptr-seg.Base) / ps)
 	var done uint64
+	var errs []error
 	for done < size {
 		at := ptr.Add(done)
 		if err := p.d.Unmap(at, ps); err != nil {
-			return done, fmt.Errorf("unmapping page at %v: %w", at, err)
+			return done, errors.Join(append(errs, fmt.Errorf("unmapping page at %v: %w", at, err))...)
 		}
 		st.Unmaps++
 		i := first + int(done/ps)
 		h := sp.handles[i]
 		sp.handles[i] = 0
 		done += ps
-		if err := p.putPage(seg.Pool, h); err != nil {
-			return done, err
-		}
+		errs = append(errs, put(seg.Pool, h))
 	}
-	return done, nil
+	return done, errors.Join(errs...)
 }
 
 // takePage returns a cached page of the pool, or a new one.
@@ -257,12 +260,7 @@ func (p *pages) putPage(pool core.Pool, h vmm.Handle) error {
 		p.cacheBytes[pool] += ps
 		return nil
 	}
-	if err := p.d.Release(h); err != nil {
-		p.cache[pool] = append(p.cache[pool], h)
-		p.cacheBytes[pool] += ps
-		return fmt.Errorf("releasing page %#x (kept in the cache): %w", uint64(h), err)
-	}
-	return nil
+	return p.releasePage(pool, h)
 }
 
 // CachedBytes is the size of the cached pages of pool and of its stuck

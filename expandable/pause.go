@@ -27,23 +27,13 @@ func (p *pages) PauseRuns(runs []core.Run, st *core.Stats) error {
 	defer p.mu.Unlock()
 	var errs []error
 	for _, r := range runs {
-		seg := r.Seg
-		sp := seg.Data.(*segPages)
-		ps := seg.PageSize
-		first := int(uint64(r.Ptr-seg.Base) / ps)
-		n := int(r.Size / ps)
-		for i := first; i < first+n; i++ {
-			at := seg.Base.Add(uint64(i) * ps)
-			if err := p.d.Unmap(at, ps); err != nil {
-				p.stick(seg, i, first+n-i)
-				errs = append(errs, fmt.Errorf("unmapping page at %v (it and the %d pages after it stay mapped): %w", at, first+n-i-1, err))
-				break
-			}
-			st.Unmaps++
-			h := sp.handles[i]
-			sp.handles[i] = 0
-			errs = append(errs, p.releasePage(seg.Pool, h))
+		done, err := p.unmapLocked(r.Seg, r.Ptr, r.Size, st, p.releasePage)
+		if done < r.Size { // the driver kept this page mapped: it and the rest of the run stay, stuck
+			ps, left := r.Seg.PageSize, r.Ptr.Add(done)
+			p.stick(r.Seg, int(uint64(left-r.Seg.Base)/ps), int((r.Size-done)/ps))
+			err = fmt.Errorf("%w (it and the %d pages after it stay mapped)", err, (r.Size-done)/ps-1)
 		}
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
