@@ -42,7 +42,7 @@ wheel() {
 }
 case "$phase" in
 go)
-  OUT=$L/go timeout 540 bash .gpu/run.sh > "$L/summary.txt" 2>&1; echo "go rc $?"
+  mkdir -p "$L/go"; OUT=$L/go timeout 540 bash .gpu/run.sh > "$L/summary.txt" 2>&1; echo "go rc $?"
   echo "PASS $(cat "$L"/go/*.log | grep -c -- '--- PASS') FAIL $(cat "$L"/go/*.log | grep -c -- '--- FAIL') SKIP $(cat "$L"/go/*.log | grep -c -- '--- SKIP')"
   grep -h -E -- "--- FAIL" "$L"/go/*.log | head
   ;;

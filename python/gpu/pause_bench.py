@@ -20,9 +20,11 @@ allocations of --alloc-mib MiB, then times --cycles pause/resume cycles
 
 It prints per mode the median and p99 of pause and of resume in ms, the
 free memory seen while paused, and what leaked after the cycles (device
-memory free before/after, open file descriptors, resident host memory),
-then one line "RESULT {json}" per mode. Exit 1 if a mode leaked device
-memory or failed.
+memory free before/after, open file descriptors, resident host memory,
+over all cycles and over their second half, which tells a leak from a
+one-time set-up), then one line "RESULT {json}" per mode. Exit 1 if a mode
+leaked device memory, or descriptors or host memory in the second half, or
+failed.
 """
 import argparse
 import ctypes
@@ -44,6 +46,17 @@ def pct(xs, q):
 
 def fds():
     return len(os.listdir("/proc/self/fd"))
+
+
+def fd_kinds():
+    """What each open descriptor is (its /proc link), by number."""
+    kinds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            kinds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return kinds
 
 
 def rss():
@@ -184,9 +197,12 @@ def one_mode(mode, gib, cycles, alloc_mib):
     pause()
     free_paused = torch.cuda.mem_get_info()[0]
     resume()
-    fd0, rss0, free0 = fds(), rss(), torch.cuda.mem_get_info()[0]
+    fd0, rss0, free0, kinds0 = fds(), rss(), torch.cuda.mem_get_info()[0], fd_kinds()
     tp, tr = [], []
-    for _ in range(cycles):
+    half = None
+    for i in range(cycles):
+        if i == cycles // 2:
+            half = fds(), rss()
         t0 = time.perf_counter()
         pause()
         t1 = time.perf_counter()
@@ -200,7 +216,13 @@ def one_mode(mode, gib, cycles, alloc_mib):
              pause_median_ms=statistics.median(tp), pause_p99_ms=pct(tp, 99),
              resume_median_ms=statistics.median(tr), resume_p99_ms=pct(tr, 99),
              freed_while_paused_gib=(free_paused - free_live) / (1 << 30),
-             device_free_drift_mib=(free1 - free0) / MiB, fd_drift=fd1 - fd0, rss_drift_mib=(rss1 - rss0) / MiB)
+             device_free_drift_mib=(free1 - free0) / MiB, fd_drift=fd1 - fd0, rss_drift_mib=(rss1 - rss0) / MiB,
+             # A leak grows with the cycles; a runtime's one-time set-up
+             # (Go's netpoller opens an epoll fd and an eventfd the first
+             # time it is needed) and a heap reaching its steady size do
+             # not: the second half's drift tells them apart.
+             fd_drift_second_half=fd1 - half[0], rss_drift_second_half_mib=(rss1 - half[1]) / MiB,
+             new_fds=sorted(set(v for k, v in fd_kinds().items() if kinds0.get(k) != v)))
     if mode == "xseg":
         st = xseg.tag_stats("bench")
         r.update(remaps=st["remaps"], tag_reserved_gib=st["reserved_bytes"] / (1 << 30))
@@ -214,7 +236,10 @@ def one_mode(mode, gib, cycles, alloc_mib):
     r["device_free_end_vs_start_mib"] = (torch.cuda.mem_get_info()[0] - free_start) / MiB
     # Leaked device memory: free at the end of the cycles below free after
     # the warm-up by more than a page per allocation.
-    r["leaked"] = r["device_free_drift_mib"] < -(2 * n)
+    # Leaked descriptors or host memory: growth over the second half of the
+    # cycles (more than 1 MiB of RSS: the allocator's heap settles).
+    r["leaked"] = (r["device_free_drift_mib"] < -(2 * n) or r["fd_drift_second_half"] > 0
+                   or r["rss_drift_second_half_mib"] > 1)
     return r
 
 
@@ -246,11 +271,15 @@ def main():
         status |= 1 if r["leaked"] else 0
     print(f"\n{args.gib} GiB as allocations of {args.alloc_mib} MiB, {args.cycles} cycles (ms):")
     print(f"{'mode':12} {'pause med':>10} {'pause p99':>10} {'resume med':>11} {'resume p99':>11} "
-          f"{'freed GiB':>10} {'dev drift MiB':>14} {'fds':>4} {'rss MiB':>8}")
+          f"{'freed GiB':>10} {'dev drift MiB':>14} {'fds':>4} {'rss MiB':>8} {'2nd half: fds':>14} {'rss MiB':>8}")
     for r in rows:
         print(f"{r['mode']:12} {r['pause_median_ms']:10.2f} {r['pause_p99_ms']:10.2f} {r['resume_median_ms']:11.2f} "
               f"{r['resume_p99_ms']:11.2f} {r['freed_while_paused_gib']:10.2f} {r['device_free_drift_mib']:14.1f} "
-              f"{r['fd_drift']:4d} {r['rss_drift_mib']:8.1f}")
+              f"{r['fd_drift']:4d} {r['rss_drift_mib']:8.1f} {r['fd_drift_second_half']:14d} "
+              f"{r['rss_drift_second_half_mib']:8.1f}")
+    for r in rows:
+        if r["new_fds"]:
+            print(f"{r['mode']}: descriptors opened during the cycles: {', '.join(r['new_fds'])}")
     sys.exit(status)
 
 
