@@ -67,6 +67,22 @@ func Format(n uint64) string {
 	return num + " " + unit
 }
 
+// FormatFixed writes n with a binary unit and exactly decimals decimals
+// (bytes under 1 KiB as a whole number), for columns whose numbers should
+// read alike: 6.775 GiB beside 7.080 GiB, where Format would give 7.08 GiB.
+func FormatFixed(n uint64, decimals int) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	if n < 1024 {
+		return strconv.FormatUint(n, 10) + " B"
+	}
+	k, v := 0, float64(n)
+	for v >= 1024 && k < len(units)-1 {
+		v /= 1024
+		k++
+	}
+	return strconv.FormatFloat(v, 'f', decimals, 64) + " " + units[k]
+}
+
 // ParseMultiple reads s as Parse does and checks that it is a positive
 // multiple of unit, which what names ("the granularity"); a size that is
 // not is an error that does not wrap ErrSyntax. A plain number smaller than
@@ -91,10 +107,15 @@ func ParseMultiple(s string, unit uint64, what string) (uint64, error) {
 	return 0, errors.New(msg)
 }
 
-// unitHint suggests s with a unit for a plain whole number s, smaller than
-// unit, that is a multiple of unit in GiB, else in MiB.
+// unitHint suggests a size that is a multiple of unit for s: for a plain
+// whole number smaller than unit, s in GiB, else in MiB; for a whole number
+// of decimal units (24GB: 10^9 bytes each), the binary unit of the same
+// letter (24GiB), with a word on the difference.
 func unitHint(s string, unit uint64) (string, bool) {
 	t := strings.TrimSpace(s)
+	if hint, ok := decimalHint(t, unit); ok {
+		return hint, true
+	}
 	n, err := strconv.ParseUint(t, 10, 64)
 	if err != nil || n == 0 || n >= unit {
 		return "", false
@@ -106,6 +127,26 @@ func unitHint(s string, unit uint64) (string, bool) {
 		if n < 1<<(64-u.shift) && (n<<u.shift)%unit == 0 {
 			return t + u.name, true
 		}
+	}
+	return "", false
+}
+
+// decimalHint: t is a whole number of kB, MB, GB or TB (any case, a space
+// allowed) whose binary counterpart is a multiple of unit.
+func decimalHint(t string, unit uint64) (string, bool) {
+	for _, u := range []struct {
+		dec, bin string
+		shift    uint
+	}{{"KB", "KiB", 10}, {"MB", "MiB", 20}, {"GB", "GiB", 30}, {"TB", "TiB", 40}} {
+		if len(t) <= 2 || !strings.EqualFold(t[len(t)-2:], u.dec) {
+			continue
+		}
+		num := strings.TrimSpace(t[:len(t)-2])
+		n, err := strconv.ParseUint(num, 10, 64)
+		if err != nil || n == 0 || n >= 1<<(64-u.shift) || (n<<u.shift)%unit != 0 {
+			return "", false
+		}
+		return fmt.Sprintf("%s%s (%s is 10^%d bytes, %s 2^%d)", num, u.bin, u.dec, u.shift/10*3, u.bin, u.shift), true
 	}
 	return "", false
 }

@@ -83,6 +83,9 @@ func TestParseMultiple(t *testing.T) {
 		"3145728": "3145728 bytes is not a multiple of the granularity 2 MiB",
 		"3MiB":    "3145728 bytes is not a multiple of the granularity 2 MiB",
 		"0":       "want a positive multiple of the granularity 2 MiB",
+		"24GB":    "24000000000 bytes is not a multiple of the granularity 2 MiB; did you mean 24GiB (GB is 10^9 bytes, GiB 2^30)?",
+		"512 mb":  "512000000 bytes is not a multiple of the granularity 2 MiB; did you mean 512MiB (MB is 10^6 bytes, MiB 2^20)?",
+		"3MB":     "3000000 bytes is not a multiple of the granularity 2 MiB",
 		"lots":    "not a byte size (want " + Syntax + ")",
 	} {
 		_, err := ParseMultiple(in, 2<<20, "the granularity")
@@ -111,4 +114,19 @@ func TestFlag(t *testing.T) {
 	err := pfs.Parse([]string{"--capacity", "-3"})
 	require.ErrorIs(t, err, ErrSyntax)
 	require.Zero(t, g, "a bad value changes nothing")
+}
+
+func TestFormatFixed(t *testing.T) {
+	for n, want := range map[uint64]string{
+		0:                       "0 B",
+		1023:                    "1023 B",
+		1024:                    "1.000 KiB",
+		7_602_176_000:           "7.080 GiB",
+		2 << 20:                 "2.000 MiB",
+		1<<64 - 1:               "16.000 EiB",
+		uint64(1.5 * (1 << 40)): "1.500 TiB",
+	} {
+		require.Equal(t, want, FormatFixed(n, 3), n)
+	}
+	require.Equal(t, "7.1 GiB", FormatFixed(7_602_176_000, 1))
 }

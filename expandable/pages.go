@@ -245,7 +245,7 @@ func (p *pages) takePage(pool core.Pool, st *core.Stats) (vmm.Handle, error) {
 	}
 	h, err := p.d.Create(p.dev, ps, p.types)
 	if err != nil {
-		return 0, fmt.Errorf("creating a %d-byte page: %w", ps, err)
+		return 0, fmt.Errorf("no cached page to reuse: %w", err)
 	}
 	st.PagesCreated++
 	return h, nil

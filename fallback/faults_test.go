@@ -51,7 +51,7 @@ func TestMemAllocOOMIsRetried(t *testing.T) {
 	d.FailNth(vmmtest.OpMemAlloc, 2, nil)
 	_, err = a.Alloc(30*mib, 0)
 	require.ErrorIs(t, err, vmm.ErrOutOfMemory)
-	require.ErrorContains(t, err, "after 1 retries")
+	require.ErrorContains(t, err, "after 1 retry")
 	require.Equal(t, int64(1), a.Stats().NumOOMs)
 }
 

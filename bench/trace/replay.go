@@ -147,8 +147,10 @@ func run(t *Trace, a Allocator, streams []vmm.Stream, ptrs []vmm.DevicePtr, res 
 func eventError(t *Trace, e *Event, err error) error {
 	id := t.IDs[e.Slot]
 	if e.Op == OpAlloc {
-		return fmt.Errorf("%s:%d: allocating %d bytes for id %d on stream %d: %w",
-			t.Name, e.Line, e.Size, id, t.Streams[e.Stream], err)
+		// err names the size (the allocator's errors do); the trace's
+		// stream number is not the driver's stream it names.
+		return fmt.Errorf("%s:%d: id %d, trace stream %d: %w",
+			t.Name, e.Line, id, t.Streams[e.Stream], err)
 	}
 	return fmt.Errorf("%s:%d: freeing id %d: %w", t.Name, e.Line, id, err)
 }

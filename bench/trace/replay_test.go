@@ -108,7 +108,7 @@ func TestReplayOutOfMemoryGoesOn(t *testing.T) {
 	require.Equal(t, 1, res.FailedAllocs)
 	require.EqualValues(t, 1, res.OOMs)
 	require.ErrorIs(t, res.FirstFailure, vmm.ErrOutOfMemory)
-	require.Contains(t, res.FirstFailure.Error(), "t:2: allocating 3000 bytes for id 8 on stream 5")
+	require.Contains(t, res.FirstFailure.Error(), "t:2: id 8, trace stream 5: ")
 	require.EqualValues(t, 3, res.Maps)
 	require.Empty(t, f.live)
 }

@@ -43,11 +43,14 @@ func newReplayCmd(stdout, stderr io.Writer) *cobra.Command {
 		Long: `replay reads each TRACE (gzip or plain text, one event a line:
 "a <id> <bytes> <stream>" allocates, "f <id>" frees), checks it whole, then
 drives a fresh allocator with its events and reports, per trace: events, the
-trace's peak of live bytes, the allocator's peak of reserved bytes, their ratio (peak reserved / peak live: 1.0 wastes nothing), nanoseconds per
-event, pages mapped and unmapped, allocation retries and out-of-memory errors.
-Sizes are printed in KiB, MiB and GiB; --json prints them in bytes. Trace stream 0 is the default stream; every other trace
-stream gets a stream of its own. Blocks still live at the end are freed after
-the timing. It fails if a trace does not parse or an allocation fails.
+trace's peak of live bytes, the allocator's peak of reserved bytes, their
+ratio (peak reserved / peak live: 1.0 wastes nothing), nanoseconds per event,
+pages mapped and unmapped, allocation retries and out-of-memory errors (a
+replay with failed allocations shows no ratio: n/a). Sizes are printed in
+KiB, MiB and GiB; --json prints them in bytes. Trace stream 0 is the default
+stream; every other trace stream gets a stream of its own. Blocks still live
+at the end are freed after the timing. It fails if a trace does not parse or
+an allocation fails.
 
 --perturb N also replays N variants of each trace, with seeds --seed to
 --seed+N-1, each through a fresh allocator: a long-lived block of 1.5 to
@@ -218,7 +221,11 @@ func failedAllocs(res trace.Result) error {
 	if res.FailedAllocs == 0 {
 		return nil
 	}
-	return fmt.Errorf("%s: %d allocations failed, the first: %w", res.Trace, res.FailedAllocs, res.FirstFailure)
+	what := fmt.Sprintf("%d allocations", res.FailedAllocs)
+	if res.FailedAllocs == 1 {
+		what = "1 allocation"
+	}
+	return fmt.Errorf("%s: %s failed, the first: %w", res.Trace, what, res.FirstFailure)
 }
 
 // traceReport is what is printed of one trace: its replay's result and,

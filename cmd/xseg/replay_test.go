@@ -91,7 +91,7 @@ func TestReplayTable(t *testing.T) {
 	require.Regexp(t, `trace +events +peak live +peak reserved +peak reserved / peak live +ns/event +maps +unmaps +retries +ooms`, out)
 	// 42,045,016 bytes of live peak are 40.1 MiB; the reserved peak is whole
 	// pages (the small pool's 2 MiB and the large pool's 20 MiB).
-	require.Regexp(t, fmt.Sprintf(`%s +9 +40\.1 MiB +\d+(\.\d+)? MiB +1\.\d{4} +\d+ +\d+ +\d+ +0 +0`, regexpQuote(a)), out)
+	require.Regexp(t, fmt.Sprintf(`%s +9 +40\.098 MiB +\d+\.\d{3} MiB +1\.\d{4} +\d+ +\d+ +\d+ +0 +0`, regexpQuote(a)), out)
 }
 
 func regexpQuote(s string) string {
@@ -121,12 +121,18 @@ func TestReplayOutOfMemory(t *testing.T) {
 	tr := writeTrace(t, "big.trace", "a 1 41943040 0\na 2 62914560 0\nf 1\nf 2\na 3 1024 0\n")
 	out, _, err := run(t, "replay", "--backend", "host", "--capacity", "64MiB", "--json", tr)
 	require.ErrorIs(t, err, vmm.ErrOutOfMemory)
-	require.ErrorContains(t, err, "1 allocations failed")
-	require.ErrorContains(t, err, tr+":2: allocating 62914560 bytes for id 2")
+	require.ErrorContains(t, err, "1 allocation failed")
+	require.ErrorContains(t, err, tr+":2: id 2, trace stream 0: allocating 62914560 bytes on stream 0x0")
 	var m map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &m), "the result is printed all the same")
 	require.GreaterOrEqual(t, m["ooms"], 1.0)
 	require.LessOrEqual(t, m["peak_reserved"], float64(64<<20))
+
+	// The table does not print a ratio the failures flattered.
+	out, _, err = run(t, "replay", "--backend", "host", "--capacity", "64MiB", tr)
+	require.ErrorIs(t, err, vmm.ErrOutOfMemory)
+	require.Regexp(t, `big\.trace +5 +100\.000 MiB +\d+\.\d{3} MiB +n/a \(OOM\)`, out)
+	require.Contains(t, out, "n/a (OOM): allocations failed")
 }
 
 func TestReplayFlags(t *testing.T) {
@@ -303,7 +309,7 @@ func TestReplayPerturbOutOfMemory(t *testing.T) {
 	tr := writeTrace(t, "big.trace", "a 1 62914560 0\nf 1\n")
 	out, _, err := run(t, "replay", "--backend", "host", "--capacity", "64MiB", "--json", "--perturb", "1", "--seed", "2", tr)
 	require.ErrorIs(t, err, vmm.ErrOutOfMemory)
-	require.ErrorContains(t, err, tr+" (seed 2): 1 allocations failed")
+	require.ErrorContains(t, err, tr+" (seed 2): 1 allocation failed")
 	var m map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &m))
 	require.Len(t, m["variants"], 1)

@@ -119,13 +119,24 @@ func (p *resultPrinter) flush() error {
 	}
 	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "%-*s\tevents\tpeak live\tpeak reserved\tpeak reserved / peak live\tns/event\tmaps\tunmaps\tretries\tooms\t\n", width, "trace")
+	failed := false
 	for _, r := range p.result {
-		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%s\t%.4f\t%.0f\t%d\t%d\t%d\t%d\t\n",
-			width, r.Trace, r.Events, bytesize.Format(r.PeakLive), bytesize.Format(r.PeakReserved), r.Ratio,
+		ratio := fmt.Sprintf("%.4f", r.Ratio)
+		if r.OOMs > 0 {
+			ratio, failed = "n/a (OOM)", true
+		}
+		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%s\t%s\t%.0f\t%d\t%d\t%d\t%d\t\n",
+			width, r.Trace, r.Events, bytesize.FormatFixed(r.PeakLive, 3), bytesize.FormatFixed(r.PeakReserved, 3), ratio,
 			r.NsPerEvent, r.Maps, r.Unmaps, r.Retries, r.OOMs)
 	}
-	if err := tw.Flush(); err != nil || p.variants == "" {
+	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if failed {
+		fmt.Fprintln(p.w, "n/a (OOM): allocations failed, so the allocator never held the trace's peak of live bytes; the ratio would flatter it (--json still gives it)")
+	}
+	if p.variants == "" {
+		return nil
 	}
 	return p.flushVariants(width)
 }

@@ -181,8 +181,8 @@ func (h *Heap) oomLocked(s vmm.Stream, req uint64, retries int, final bool, caus
 		h.noteOOMLocked(req, s, free)
 	}
 	st := h.mu.stats
-	err := fmt.Errorf("allocating %d bytes on stream %#x: out of memory after %d retries: %s; this allocator reserves %d bytes and has %d allocated: %w",
-		req, uintptr(s), retries, dev, st.ReservedBytes.All.Current, st.AllocatedBytes.All.Current, cause)
+	err := fmt.Errorf("allocating %d bytes on stream %#x: out of memory after %s: %s; this allocator reserves %d bytes and has %d allocated: %w",
+		req, uintptr(s), retriesText(retries), dev, st.ReservedBytes.All.Current, st.AllocatedBytes.All.Current, cause)
 	level := slog.LevelDebug
 	if h.cfg.OOMVerbose {
 		level = slog.LevelWarn
@@ -260,4 +260,12 @@ func (h *Heap) shrink(size, step uint64) uint64 {
 	}
 	next := min(uint64(float64(size)*h.cfg.OOMSizeFactor), size-step)
 	return next &^ (MinBlock - 1)
+}
+
+// retriesText is "1 retry" or "N retries".
+func retriesText(n int) string {
+	if n == 1 {
+		return "1 retry"
+	}
+	return fmt.Sprintf("%d retries", n)
 }
