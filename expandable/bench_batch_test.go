@@ -6,10 +6,10 @@ import (
 	"github.com/xseg-dev/xseg/vmm"
 )
 
-// torchLatencySizes are the sizes of ../shared/tools/torch_latency.cpp.
+// torchLatencySizes are the sizes of python/gpu/torch_latency.cpp (and latency.c).
 var torchLatencySizes = []uint64{512, 4096, 65536, 1 << 20, 3 << 20, 24 << 20, 100 << 20}
 
-// BenchmarkAllocFreeBatch is the loop of torch_latency.cpp, PyTorch's own
+// BenchmarkAllocFreeBatch is the batch loop of torch_latency.cpp, PyTorch's own
 // cost figure: allocate one block of each size, then free them all, on a
 // warm cache. ns/op is per Alloc+Free pair, as that program reports it.
 // Unlike BenchmarkAllocFreeCached, the freed blocks here lie next to each

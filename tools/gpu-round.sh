@@ -21,11 +21,15 @@
 #            free memory, tokens, a CUDA graph) and pause_bench.py for MODES
 #            (default xseg; vmm and empty_cache are the baselines: one call
 #            each, 1,000 cycles of 8 GiB may take minutes a mode)
+#   latency  ns per warm malloc+free pair, single and batch loops:
+#            python/gpu/latency.c (xseg through the wheel's libxseg.so) and
+#            python/gpu/torch_latency.cpp (PyTorch's caching allocator,
+#            native and expandable_segments:True), alternating, twice
 # Logs and JSON go under OUT (default $OUT, else /tmp/gpu-round), tarred
 # into OUT/PHASE.tgz.
 set -u
 cd "$(dirname "$0")/.."
-phase=${1:?phase: go, replay, train, py, corpus or pause}
+phase=${1:?phase: go, replay, train, py, corpus, pause or latency}
 out=${2:-${OUT:-/tmp/gpu-round}}
 L=/tmp/gpu-round-$phase
 rm -rf "$L"; mkdir -p "$L" "$out"
@@ -90,6 +94,22 @@ pause)
   wheel
   timeout 200 python3 python/gpu/pause_gpt2.py > "$L/pause_gpt2.log" 2>&1; echo "pause_gpt2 rc $?"; grep '^RESULT' "$L/pause_gpt2.log"
   timeout 360 python3 python/gpu/pause_bench.py --modes "${MODES:-xseg}" > "$L/pause_bench.log" 2>&1; echo "pause_bench rc $?"; tail -8 "$L/pause_bench.log"
+  ;;
+latency)
+  wheel
+  lib=$(python3 -c 'import importlib.util, os; print(os.path.join(os.path.dirname(importlib.util.find_spec("xseg").origin), "libxseg.so"))')
+  [ -f "$lib" ] || echo "no libxseg.so in the installed package: $lib"
+  T=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+  gcc -O2 -o /tmp/xseg_latency python/gpu/latency.c -ldl > "$L/build.log" 2>&1; echo "gcc rc $?"
+  g++ -O2 -std=c++17 python/gpu/torch_latency.cpp -I"$T/include" -I/usr/local/cuda/include -L"$T/lib" \
+    -lc10 -lc10_cuda -Wl,-rpath,"$T/lib" -o /tmp/torch_latency >> "$L/build.log" 2>&1; echo "g++ rc $?"
+  for i in 1 2; do
+    timeout 120 /tmp/xseg_latency "$lib" > "$L/xseg-$i.log" 2>&1; echo "xseg $i rc $?"
+    env -u PYTORCH_ALLOC_CONF -u PYTORCH_CUDA_ALLOC_CONF timeout 120 /tmp/torch_latency > "$L/native-$i.log" 2>&1; echo "native $i rc $?"
+    env -u PYTORCH_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 120 /tmp/torch_latency > "$L/expandable-$i.log" 2>&1; echo "expandable $i rc $?"
+  done
+  tail -3 "$L/build.log"
+  for f in "$L"/xseg-*.log "$L"/native-*.log "$L"/expandable-*.log; do grep -H -E "pair:|stats" "$f" | cut -c1-300; done
   ;;
 *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

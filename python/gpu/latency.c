@@ -1,7 +1,9 @@
 // Cost of a warm xseg_malloc / xseg_free pair from C, measured as
-// tools/torch_latency.cpp measures PyTorch's caching allocator: the same
-// seven sizes, one warm-up round, then 200000 rounds of seven allocations
-// followed by seven frees, on the default stream of device 0.
+// torch_latency.cpp (beside it) measures PyTorch's caching allocator: the
+// same seven sizes, one warm-up round, then 200000 rounds of each loop on
+// the default stream of device 0. Loops:
+//   single  allocate one block and free it at once, the sizes in turn
+//   batch   allocate one block of each size, then free them all
 // Build and run on the GPU machine (no CUDA headers needed):
 //   gcc -O2 -o latency python/gpu/latency.c -ldl && ./latency .gpu-lib/libxseg.so
 #include <dlfcn.h>
@@ -72,23 +74,34 @@ int main(int argc, char** argv) {
 		xfree(p, (ssize_t)sizes[j], 0, NULL);
 	}
 	const int N = 200000;
-	long failed = 0;
+	long failed_single = 0, failed_batch = 0;
 	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (int i = 0; i < N; i++) {
+		for (int j = 0; j < K; j++) {
+			void* p = xmalloc((ssize_t)sizes[j], 0, NULL);
+			failed_single += p == NULL;
+			xfree(p, (ssize_t)sizes[j], 0, NULL);
+		}
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double single = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / ((double)N * K);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (int i = 0; i < N; i++) {
 		for (int j = 0; j < K; j++) ps[j] = xmalloc((ssize_t)sizes[j], 0, NULL);
 		for (int j = 0; j < K; j++) {
-			failed += ps[j] == NULL;
+			failed_batch += ps[j] == NULL;
 			xfree(ps[j], (ssize_t)sizes[j], 0, NULL);
 		}
 	}
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	double ns = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / ((double)N * K);
-	printf("xseg cached malloc+free pair: %.1f ns (%ld failed)\n", ns, failed);
+	double batch = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / ((double)N * K);
+	printf("xseg single malloc+free pair: %.1f ns (%ld failed)\n", single, failed_single);
+	printf("xseg cached malloc+free pair: %.1f ns (%ld failed)\n", batch, failed_batch);
 	char* js = xstats(0);
 	if (js) {
 		printf("xseg stats: %.400s\n", js);
 		xstrfree(js);
 	}
-	return failed != 0;
+	return failed_single + failed_batch != 0;
 }

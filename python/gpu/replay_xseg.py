@@ -1,5 +1,5 @@
 """Replay a trace (DESIGN.md, "Trace format") with xseg as PyTorch's
-allocator, as tools/torch_replay.py does with PyTorch's own, and print the
+allocator, as corpus/torch_replay.py does with PyTorch's own, and print the
 same line, taking peak reserved, retries and OOMs from xseg's stats.
 Usage: python3 replay_xseg.py TRACE.gz [--lib PATH]"""
 import gzip

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from anywhere in the repository, with the library
+# either installed from the wheel (python3 -m pip install xseg-*.whl) or
 # built beforehand on a machine with Go:
 #   CGO_ENABLED=1 go build -buildmode=c-shared -o .gpu-lib/libxseg.so ./cmd/libxseg
-#   cp ../shared/tools/torch_* ../shared/traces/*.gz .gpu-lib/
+# XSEG_LIB, when set to a file, wins; else .gpu-lib/libxseg.so; else the copy
+# inside the installed xseg package.
 # It runs: the GPT-2 comparison (native / expandable / xseg), the two-stream
-# race with and without record_stream routing, the C latency program beside
-# PyTorch's own (tools/torch_latency.cpp), and the replays of both traces
-# through PyTorch's three configurations and xseg. Logs go to $OUT (or
-# /tmp/xseg-gpu), one per step; a summary of the key lines ends the output.
+# race with and without record_stream routing, the C latency program
+# (latency.c) beside PyTorch's own allocator (torch_latency.cpp, native and
+# expandable_segments:True), and the replays of bench/traces' gpt2_train and
+# gpt2_varlen through PyTorch's three configurations
+# (corpus/torch_replay.py) and xseg. Logs go to $OUT (or /tmp/xseg-gpu), one
+# per step; a summary of the key lines ends the output.
 # Usage: bash python/gpu/run.sh [step ...]   (steps: gpt2 race latency replay api; default all;
 # also pause and pausebench, issue 18's must-shows, only when named)
 set -u
@@ -16,7 +20,15 @@ root=$PWD
 gl=$root/.gpu-lib
 out=${OUT:-/tmp/xseg-gpu}
 mkdir -p "$out"
-export XSEG_LIB=$gl/libxseg.so PYTHONUNBUFFERED=1
+if [ -z "${XSEG_LIB:-}" ] || [ ! -f "$XSEG_LIB" ]; then
+	if [ -f "$gl/libxseg.so" ]; then
+		XSEG_LIB=$gl/libxseg.so
+	else # the wheel's copy, beside xseg/__init__.py (python/xseg/_lib.py looks there)
+		XSEG_LIB=$(python3 -c 'import importlib.util, os; s = importlib.util.find_spec("xseg"); print(os.path.join(os.path.dirname(s.origin), "libxseg.so") if s and s.origin else "")' 2>/dev/null)
+	fi
+fi
+[ -f "${XSEG_LIB:-}" ] || echo "no libxseg.so: set XSEG_LIB, build .gpu-lib/libxseg.so or install the wheel"
+export XSEG_LIB PYTHONUNBUFFERED=1
 steps=${*:-gpt2 race latency api replay}
 status=0
 
@@ -41,19 +53,19 @@ for s in $steps; do
 		gcc -O2 -o /tmp/xseg_latency python/gpu/latency.c -ldl
 		log latency /tmp/xseg_latency "$XSEG_LIB"
 		T=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))")
-		if g++ -O2 -std=c++17 "$gl/torch_latency.cpp" -I"$T/include" -I/usr/local/cuda/include -L"$T/lib" \
+		if g++ -O2 -std=c++17 python/gpu/torch_latency.cpp -I"$T/include" -I/usr/local/cuda/include -L"$T/lib" \
 			-lc10 -lc10_cuda -Wl,-rpath,"$T/lib" -o /tmp/torch_latency 2>"$out/torch_latency_build.log"; then
-			log latency /tmp/torch_latency
-			PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True log latency /tmp/torch_latency
+			log latency env -u PYTORCH_ALLOC_CONF -u PYTORCH_CUDA_ALLOC_CONF /tmp/torch_latency
+			log latency env -u PYTORCH_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True /tmp/torch_latency
 		else
 			echo "torch_latency.cpp did not build:"; tail -5 "$out/torch_latency_build.log"; status=1
 		fi ;;
 	replay)
 		for tr in gpt2_train gpt2_varlen; do
-			for conf in "" expandable_segments:True backend:cudaMallocAsync; do
-				PYTORCH_CUDA_ALLOC_CONF=$conf log replay timeout 120 python3 "$gl/torch_replay.py" "$gl/$tr.trace.gz"
+			for conf in native expandable async; do
+				log replay timeout 120 python3 python/gpu/corpus/torch_replay.py --conf $conf "bench/traces/$tr.trace.gz"
 			done
-			log replay timeout 120 python3 python/gpu/replay_xseg.py "$gl/$tr.trace.gz"
+			log replay timeout 120 python3 python/gpu/replay_xseg.py "bench/traces/$tr.trace.gz"
 		done ;;
 	api) log api timeout 120 python3 python/gpu/api.py ;;
 	pause) log pause timeout 300 python3 python/gpu/pause_gpt2.py ;;
@@ -63,5 +75,5 @@ for s in $steps; do
 done
 
 echo "=== summary"
-grep -hE "^mem_get_info free|^greedy tokens|^graph captured|^(xseg|vmm|empty_cache) +[0-9]|GPT2 COMPARE|^loss:|tokens/s median|^peak reserved|^xseg counters|correct [0-9]|pair:|trace.gz \[|^API" "$out"/*.log
+grep -hE "^mem_get_info free|^greedy tokens|^graph captured|^(xseg|vmm|empty_cache) +[0-9]|GPT2 COMPARE|^loss:|tokens/s median|^peak reserved|^xseg counters|correct [0-9]|pair:|^torch stats|\] events=|^API" "$out"/*.log
 exit $status
