@@ -1,5 +1,5 @@
 """One rank of PyTorch DDP training of GPT-2 small (the model of
-tools/torch_capture.py: random weights, fixed seed, batch 8 x 1024 per rank,
+the gpt2_train trace in bench/traces: random weights, fixed seed, batch 8 x 1024 per rank,
 AdamW) over NCCL, under PyTorch's allocator or xseg. Run it with torchrun:
 
     torchrun --standalone --nproc_per_node 2 ddp_gpt2.py native|xseg [--steps 10] [--lib PATH]

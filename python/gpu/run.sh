@@ -12,7 +12,7 @@
 # gpt2_varlen through PyTorch's three configurations
 # (corpus/torch_replay.py) and xseg. Logs go to $OUT (or /tmp/xseg-gpu), one
 # per step; a summary of the key lines ends the output.
-# Usage: bash python/gpu/run.sh [step ...]   (steps: gpt2 race latency replay api; default all;
+# Usage: bash python/gpu/run.sh [step ...]   (steps: gpt2 race latency replay; default all;
 # also pause and pausebench, issue 18's must-shows, only when named)
 set -u
 cd "$(dirname "$0")/../.."
@@ -29,7 +29,7 @@ if [ -z "${XSEG_LIB:-}" ] || [ ! -f "$XSEG_LIB" ]; then
 fi
 [ -f "${XSEG_LIB:-}" ] || echo "no libxseg.so: set XSEG_LIB, build .gpu-lib/libxseg.so or install the wheel"
 export XSEG_LIB PYTHONUNBUFFERED=1
-steps=${*:-gpt2 race latency api replay}
+steps=${*:-gpt2 race latency replay}
 status=0
 
 log() { # log NAME CMD...: run CMD, tee its output to $out/NAME.log
@@ -67,7 +67,6 @@ for s in $steps; do
 			done
 			log replay timeout 120 python3 python/gpu/replay_xseg.py "bench/traces/$tr.trace.gz"
 		done ;;
-	api) log api timeout 120 python3 python/gpu/api.py ;;
 	pause) log pause timeout 300 python3 python/gpu/pause_gpt2.py ;;
 	pausebench) log pausebench timeout 3600 python3 python/gpu/pause_bench.py ;;
 	*) echo "unknown step $s"; status=1 ;;

@@ -1,4 +1,4 @@
-"""GPT-2 small training (the model of tools/torch_capture.py: random weights,
+"""GPT-2 small training (the model of the gpt2_train trace in bench/traces: random weights,
 fixed seed, batch 8 x 1024, AdamW) for a few steps under one allocator, in
 its own process:
 
