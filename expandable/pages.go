@@ -32,6 +32,9 @@ type pages struct {
 	// from: its own, then its page mates' (Config.PageMates).
 	cacheFrom  [core.NumPools][]core.Pool
 	stuckBytes [core.NumPools]uint64 // the pages of every segment's stuck runs, by pool
+	// hold is the bytes the cache may keep beyond its bound while a
+	// growth recycles pages (core.PageHolder).
+	hold uint64
 
 	mu struct {
 		sync.Mutex
@@ -260,7 +263,41 @@ func (p *pages) putPage(pool core.Pool, h vmm.Handle) error {
 		p.cacheBytes[pool] += ps
 		return nil
 	}
+	if p.hold >= ps {
+		p.hold -= ps
+		p.cache[pool] = append(p.cache[pool], h)
+		p.cacheBytes[pool] += ps
+		return nil
+	}
 	return p.releasePage(pool, h)
+}
+
+var _ core.PageHolder = (*pages)(nil)
+
+// HoldPages lets the cache keep n more bytes beyond its bound until
+// SettlePages: the pages a growth unmaps to map them again at once.
+func (p *pages) HoldPages(n uint64) { p.hold += n }
+
+// SettlePages ends the hold and releases every pool's cached pages over
+// the bound, the ones cached last first.
+func (p *pages) SettlePages(_ *core.Stats) error {
+	p.hold = 0
+	var errs []error
+	for pool := range p.cache {
+		ps := p.pageSize(core.Pool(pool))
+		for p.cacheBytes[pool] > p.cfg.PageCacheBytes {
+			c := p.cache[pool]
+			h := c[len(c)-1]
+			c[len(c)-1] = 0
+			p.cache[pool] = c[:len(c)-1]
+			p.cacheBytes[pool] -= ps
+			if err := p.releasePage(core.Pool(pool), h); err != nil {
+				errs = append(errs, err)
+				break // releasePage kept it cached
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // CachedBytes is the size of the cached pages of pool and of its stuck

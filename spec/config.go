@@ -24,7 +24,7 @@ const (
 // thousand retries already sleep over an hour in one allocation.
 const MaxOOMRetries = 1000
 
-// MaxConfigLen bounds the length of a configuration string: the eleven
+// MaxConfigLen bounds the length of a configuration string: the dozen
 // keys fit in a few hundred bytes, and an error must not echo megabytes.
 const MaxConfigLen = 64 << 10
 
@@ -57,6 +57,15 @@ type Config struct {
 	// PageCacheBytes bounds the physical pages kept, unmapped, for reuse
 	// before new ones are created. 0: no cache.
 	PageCacheBytes uint64
+	// RecyclePages: before a growth creates pages, it unmaps as many whole
+	// free pages of its stream's ranges as it needs, however many the page
+	// cache holds, and maps them where it grows; PageCacheBytes then
+	// bounds only the pages kept between growths. Without it a growth
+	// takes at most what the cache has room for. It costs an unmap and a
+	// map a recycled page, and keeps reserved bytes near live bytes where
+	// free memory is scattered across a range. The expandable allocator
+	// only.
+	RecyclePages bool
 	// OOMMaxRetries: after the cache has been emptied, retry this many
 	// times with exponential backoff from OOMDelay, for memory that other
 	// processes hold; at most MaxOOMRetries. Each delay is capped at the
@@ -127,6 +136,7 @@ func (c Config) Validate() error {
 //	oom_size_factor                OOMSizeFactor
 //	oom_verbose, shareable         OOMVerbose, Shareable (true/false/1/0)
 //	whole_pages                    WholePages (true/false/1/0)
+//	recycle_pages                  RecyclePages (true/false/1/0)
 //
 // and the seed allocator's names OOM_MAX_RETRIES, OOM_DELAY_MS,
 // OOM_SIZE_FACTOR and OOM_VERBOSE as aliases.
@@ -143,6 +153,7 @@ var configKeys = map[string]func(c *Config, v string) error{
 	"oom_verbose":          boolean(func(c *Config) *bool { return &c.OOMVerbose }),
 	"shareable":            boolean(func(c *Config) *bool { return &c.Shareable }),
 	"whole_pages":          boolean(func(c *Config) *bool { return &c.WholePages }),
+	"recycle_pages":        boolean(func(c *Config) *bool { return &c.RecyclePages }),
 }
 
 // envAliases are the seed allocator's names, accepted as keys of XSEG_CONF

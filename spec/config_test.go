@@ -23,8 +23,10 @@ func TestParseConfigIssueExample(t *testing.T) {
 }
 
 func TestParseConfigKeysAndAliases(t *testing.T) {
-	c, err := ParseConfig(DefaultConfig(), " small_page_mb:4 , small_limit_kb:512,page_cache_mb:0,OOM_SIZE_FACTOR:0.5,OOM_VERBOSE:true,shareable:1,OOM_MAX_RETRIES:2,OOM_DELAY_MS:7")
+	c, err := ParseConfig(DefaultConfig(), " small_page_mb:4 , small_limit_kb:512,page_cache_mb:0,OOM_SIZE_FACTOR:0.5,OOM_VERBOSE:true,shareable:1,OOM_MAX_RETRIES:2,OOM_DELAY_MS:7,recycle_pages:true")
 	require.NoError(t, err)
+	require.True(t, c.RecyclePages)
+	require.False(t, DefaultConfig().RecyclePages)
 	require.Equal(t, uint64(4*MiB), c.SmallPageSize)
 	require.Equal(t, uint64(512*KiB), c.SmallLimit)
 	require.Zero(t, c.PageCacheBytes)

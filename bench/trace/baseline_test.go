@@ -196,8 +196,13 @@ func perturb(t *testing.T, tr *trace.Trace, seed uint64) *trace.Trace {
 // allocation succeeded and that d holds nothing more afterwards.
 func replay(t *testing.T, d vmm.Driver, tr *trace.Trace) trace.Result {
 	t.Helper()
+	return replayWith(t, d, tr, xseg.DefaultConfig())
+}
+
+// replayWith is replay with configuration cfg.
+func replayWith(t *testing.T, d vmm.Driver, tr *trace.Trace, cfg xseg.Config) trace.Result {
+	t.Helper()
 	before := d.Usage()
-	cfg := xseg.DefaultConfig()
 	a, err := xseg.Open(xseg.Options{Driver: d, Allocator: xseg.AllocatorExpandable, Config: &cfg})
 	require.NoError(t, err)
 	streams, destroy, err := trace.OpenStreams(d, 0, tr)

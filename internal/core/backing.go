@@ -85,3 +85,16 @@ type Seg struct {
 
 // End is the first address after the segment.
 func (s *Seg) End() vmm.DevicePtr { return s.Base.Add(s.Size) }
+
+// PageHolder is implemented by a Backing whose page cache can hold, for
+// a while, more than its bound: Config.RecyclePages unmaps the pages a
+// growth needs into the cache and maps them at once, whatever the
+// cache's room.
+type PageHolder interface {
+	// HoldPages lets the cache keep n bytes of pages beyond its bound,
+	// in whichever pools, until SettlePages.
+	HoldPages(n uint64)
+	// SettlePages ends the hold and releases the cached pages over the
+	// bound. A page that fails to release stays cached.
+	SettlePages(st *Stats) error
+}

@@ -80,7 +80,7 @@ func (h *Heap) closeSegmentLocked(seg *Seg) error {
 	}
 	h.freeAllLocked(seg)
 	h.flush(seg.st)
-	if _, err := h.unmapFreeLocked(seg, math.MaxUint64, nil, true); err != nil {
+	if _, err := h.unmapFreeLocked(seg, math.MaxUint64, keepOut{}, true, false); err != nil {
 		return errors.Join(append(errs, err)...)
 	}
 	if seg.first.state == stUnmapped && seg.first.next == nil {

@@ -1,7 +1,9 @@
 package core
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
@@ -33,12 +35,24 @@ func (h *Heap) growLocked(st *state, rs uint64) (*block, error) {
 		}
 		hole = seg.first
 	}
-	if h.stealLocked(hole, rs) {
+	// Under Config.RecyclePages the growth stays in its hole, which the
+	// stealing kept (it leaves the pages the block will cover mapped; a
+	// hole it opens next to this one merges into it): the pages it
+	// unmapped are what that hole needs, and a lower hole the stealing
+	// opened would take more.
+	if h.stealLocked(hole, rs) && (h.holder == nil || hole.state != stUnmapped) {
 		if hole = findHole(st, rs); hole == nil {
 			panic("core: the hole to grow into vanished")
 		}
 	}
-	return h.mapIntoLocked(hole, rs)
+	b, err := h.mapIntoLocked(hole, rs)
+	if h.holder != nil {
+		if serr := h.holder.SettlePages(&h.mu.stats); serr != nil {
+			h.log.Warn("xseg: releasing recycled pages the growth did not use", "err", serr)
+		}
+		h.syncReservedLocked()
+	}
+	return b, err
 }
 
 // stealLocked unmaps whole free pages of hole's (stream, pool) elsewhere,
@@ -57,16 +71,30 @@ func (h *Heap) stealLocked(hole *block, rs uint64) bool {
 	}
 	_, size := h.growSpan(hole, rs)
 	room := h.cfg.PageCacheBytes - min(h.cfg.PageCacheBytes, h.back.CachedBytes(seg.Pool))
+	if h.holder != nil {
+		// Config.RecyclePages: what the cache lacks, whatever its room.
+		size -= min(size, h.usableCachedLocked(seg.Pool))
+		room = size
+	}
 	budget := min(size, room) / seg.PageSize * seg.PageSize
 	if budget == 0 {
 		return false
 	}
-	skip := []*block{hole.prev, hole.next}
+	if h.holder != nil {
+		h.holder.HoldPages(budget)
+	}
+	keep := keepOut{skip: []*block{hole.prev, hole.next}}
+	if h.holder != nil {
+		// Only the pages the grown block will cover stay: the free
+		// block after the hole may give its pages past the block's end.
+		start := growStart(hole)
+		keep = keepOut{lo: start, hi: start.Add(rs)}
+	}
 	var got uint64
 	for _, st := range h.donorsLocked(seg) {
 		h.flush(st) // coalesce its exact-size lists: whole pages show only then
 		for _, s := range st.segs {
-			n, err := h.unmapFreeLocked(s, budget-got, skip, false)
+			n, err := h.unmapFreeLocked(s, budget-got, keep, false, h.holder != nil)
 			if got += n; err != nil {
 				h.log.Warn("xseg: unmapping free pages for reuse", "err", err)
 				return got > 0
@@ -79,12 +107,26 @@ func (h *Heap) stealLocked(hole *block, rs uint64) bool {
 	return got > 0
 }
 
+// usableCachedLocked is the cached bytes a growth of pool p can map: its
+// own pool's and its page mates'.
+func (h *Heap) usableCachedLocked(p Pool) uint64 {
+	n := h.back.CachedBytes(p)
+	for _, q := range h.mates[p] {
+		n += h.back.CachedBytes(q)
+	}
+	return n
+}
+
 // donorsLocked are the states whose free pages a growth of seg may take:
 // seg's own, then those of the smaller shared pools of its stream whose
 // pages are the same size (Config.PageMates; a physical page fits any
 // address range of its size, and the Backing hands a cached page to
 // whichever pool asks). Never a larger pool's: the two would take pages
 // back and forth. In pool order, so that a replay is the same every time.
+//
+// Under Config.RecyclePages the same pools of the other streams follow,
+// by stream: their free pages are idle once their stream's work is done,
+// which unmapFreeLocked waits for.
 func (h *Heap) donorsLocked(seg *Seg) []*state {
 	donors := []*state{seg.st}
 	for _, p := range h.donors[seg.Pool] {
@@ -92,6 +134,18 @@ func (h *Heap) donorsLocked(seg *Seg) []*state {
 			donors = append(donors, st)
 		}
 	}
+	if h.holder == nil {
+		return donors
+	}
+	mine := len(donors)
+	for k, st := range h.mu.states {
+		if k.private.IsZero() && k.stream != seg.Stream && (k.pool == seg.Pool || slices.Contains(h.donors[seg.Pool], k.pool)) {
+			donors = append(donors, st)
+		}
+	}
+	slices.SortFunc(donors[mine:], func(a, b *state) int {
+		return cmp.Or(cmp.Compare(a.key.stream, b.key.stream), cmp.Compare(b.key.pool, a.key.pool))
+	})
 	return donors
 }
 
@@ -99,16 +153,22 @@ func (h *Heap) donorsLocked(seg *Seg) []*state {
 // into hole start and how many bytes they take.
 func (h *Heap) growSpan(hole *block, rs uint64) (vmm.DevicePtr, uint64) {
 	seg := hole.seg
-	start := hole.ptr
-	if hole.prev.isFreeIn() {
-		start = hole.prev.ptr
-	}
+	start := growStart(hole)
 	end := start.Add(rs)
 	if end <= hole.ptr {
 		end = hole.ptr.Add(1)
 	}
 	off := roundUp(uint64(end-seg.Base), seg.PageSize)
 	return hole.ptr, min(uint64(seg.Base)+off-uint64(hole.ptr), hole.size)
+}
+
+// growStart is where a block growing into hole starts: at the free block
+// before the hole, or at the hole.
+func growStart(hole *block) vmm.DevicePtr {
+	if hole.prev.isFreeIn() {
+		return hole.prev.ptr
+	}
+	return hole.ptr
 }
 
 func findHole(st *state, rs uint64) *block {

@@ -34,8 +34,11 @@ type Heap struct {
 	// allocation path.
 	classes [NumPools]spec.PoolClass
 	// donors are, by pool, the smaller pools whose free pages a growth of
-	// the pool may take (grow.go).
-	donors [NumPools][]Pool
+	// the pool may take (grow.go); mates are all its page mates.
+	donors, mates [NumPools][]Pool
+	// holder is the Backing as a PageHolder under Config.RecyclePages,
+	// else nil.
+	holder PageHolder
 	// done is closed by Close (under mu, see wakeLocked): an allocation
 	// sleeping in the OOM backoff, without the lock, wakes on it.
 	done chan struct{}
@@ -89,7 +92,8 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 	h := &Heap{drv: d, dev: dev, back: b, cfg: cfg, limit: limit, log: log, done: make(chan struct{})}
 	h.classes = cfg.PoolClasses()
 	for _, p := range spec.Pools() {
-		for _, q := range cfg.PageMates(p) {
+		h.mates[p] = cfg.PageMates(p)
+		for _, q := range h.mates[p] {
 			if q < p {
 				h.donors[p] = append(h.donors[p], q)
 			}
@@ -97,6 +101,9 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 	}
 	if rp, ok := b.(ReleasePolicer); ok {
 		h.release = rp.ReleasePolicy()
+	}
+	if ph, ok := b.(PageHolder); ok && cfg.RecyclePages {
+		h.holder = ph
 	}
 	h.mu.states = make(map[stateKey]*state)
 	h.mu.blocks = make(map[vmm.DevicePtr]*block)

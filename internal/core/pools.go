@@ -241,7 +241,7 @@ func poolMapped(pp *privatePool) uint64 {
 func hasFreePage(pp *privatePool) bool {
 	for _, st := range pp.states {
 		for _, seg := range st.segs {
-			if hasWholePage(seg, nil) {
+			if hasWholePage(seg, keepOut{}) {
 				return true
 			}
 		}

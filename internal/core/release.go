@@ -59,7 +59,7 @@ func (h *Heap) releaseStateLocked(st *state, synced bool) error {
 	var errs []error
 	h.flush(st)
 	for _, seg := range slices.Clone(st.segs) {
-		if _, err := h.unmapFreeLocked(seg, math.MaxUint64, nil, synced); err != nil {
+		if _, err := h.unmapFreeLocked(seg, math.MaxUint64, keepOut{}, synced, false); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -99,7 +99,7 @@ func (h *Heap) trimLocked() {
 		}
 		h.flush(st)
 		for _, seg := range st.segs {
-			n, err := h.unmapFreeLocked(seg, uint64(over), nil, false)
+			n, err := h.unmapFreeLocked(seg, uint64(over), keepOut{}, false, false)
 			if err != nil {
 				h.log.Warn("xseg: unmapping free pages above the release threshold", "err", err)
 				return
@@ -167,11 +167,13 @@ func (h *Heap) freeMappedLocked() int64 {
 // unmapFreeLocked unmaps the whole pages inside free blocks of seg, up to
 // about budget bytes, after waiting for the work queued on the segment's
 // stream (unless synced: the caller waited for the whole device) and for
-// the pending blocks of the segment. It leaves the free blocks in skip
-// alone. The exact-size lists of the segment's state must have been
-// flushed.
-func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, skip []*block, synced bool) (uint64, error) {
-	if !hasWholePage(seg, skip) {
+// the pending blocks of the segment. It leaves alone what keep says. The
+// exact-size lists of the segment's state must have been flushed. With
+// exact it unmaps no more than budget (a multiple of the page size): from
+// the low end of the last free block it takes pages of, not the whole
+// block.
+func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, keep keepOut, synced, exact bool) (uint64, error) {
+	if !hasWholePage(seg, keep) {
 		return 0, nil
 	}
 	if !synced {
@@ -186,10 +188,13 @@ func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, skip []*block, synced bo
 	h.flush(seg.st)
 	var done uint64
 	for b := seg.first; b != nil && done < budget; {
-		lo, hi := wholePages(seg, b)
-		if !b.isFreeIn() || hi <= lo || slices.Contains(skip, b) {
+		lo, hi := keep.pages(seg, b)
+		if hi <= lo {
 			b = b.next
 			continue
+		}
+		if exact && uint64(hi-lo) > budget-done {
+			hi = lo.Add(budget - done)
 		}
 		n, next, err := h.unmapSpanLocked(b, lo, hi)
 		done += n
@@ -201,9 +206,36 @@ func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, skip []*block, synced bo
 	return done, nil
 }
 
-func hasWholePage(seg *Seg, skip []*block) bool {
+// keepOut is what an unmap of free pages leaves mapped: the free blocks
+// in skip, and the pages that overlap [lo, hi) (none while hi <= lo).
+type keepOut struct {
+	skip   []*block
+	lo, hi vmm.DevicePtr
+}
+
+// pages returns the whole pages of b that an unmap may take: none unless
+// b is a coalesced free block not in skip; of those inside b, the ones
+// above the kept range if any, else those below it.
+func (k keepOut) pages(seg *Seg, b *block) (lo, hi vmm.DevicePtr) {
+	if !b.isFreeIn() || slices.Contains(k.skip, b) {
+		return 0, 0
+	}
+	lo, hi = wholePages(seg, b)
+	if k.hi <= k.lo || hi <= k.lo || lo >= k.hi {
+		return lo, hi
+	}
+	// The pages that overlap the kept range.
+	klo := seg.Base.Add(uint64(k.lo-seg.Base) / seg.PageSize * seg.PageSize)
+	khi := seg.Base.Add(roundUp(uint64(k.hi-seg.Base), seg.PageSize))
+	if hi > khi {
+		return max(lo, khi), hi
+	}
+	return lo, min(hi, klo)
+}
+
+func hasWholePage(seg *Seg, keep keepOut) bool {
 	for b := seg.first; b != nil; b = b.next {
-		if lo, hi := wholePages(seg, b); b.isFreeIn() && hi > lo && !slices.Contains(skip, b) {
+		if lo, hi := keep.pages(seg, b); hi > lo {
 			return true
 		}
 	}
