@@ -12,8 +12,9 @@
 #            page policy under study (POLICY), 3 variants each, alternating,
 #            3 runs; and, if .gpu/before/ holds an older xseg and
 #            expandable.test, those beside the current ones
-#   train    GPT-2 small, 50 steps, native / xseg default / xseg POLICY,
-#            alternating, twice: first-step time and median tokens/s
+#   train    GPT-2 small, 50 steps, native / xseg default / xseg with each
+#            of POLICIES (NAME=XSEG_CONF ...; default policy=POLICY),
+#            alternating, ROUNDS times (2): first-step time, median tokens/s
 #   py       the wheel's pytest, python/gpu/dropin.py, python/gpu/graphs.py
 #   corpus   python/gpu/corpus/run.sh: record the workload corpus with the
 #            package's recorder and replay it under PyTorch's allocators
@@ -68,17 +69,27 @@ replay)
   ;;
 train)
   wheel
-  for i in 1 2; do
+  # POLICIES: space-separated NAME=XSEG_CONF pairs run beside native and
+  # the default (default: one, "policy", of POLICY); ROUNDS alternations.
+  POLICIES=${POLICIES:-policy=$POLICY}
+  for i in $(seq "${ROUNDS:-2}"); do
     timeout 100 python3 python/gpu/train_gpt2.py native --steps 50 > "$L/native-$i.log" 2>&1; echo "native $i rc $?"
-    timeout 100 python3 python/gpu/train_gpt2.py xseg --steps 50 > "$L/xseg-$i.log" 2>&1; echo "xseg $i rc $?"
-    XSEG_CONF=$POLICY timeout 100 python3 python/gpu/train_gpt2.py xseg --steps 50 > "$L/policy-$i.log" 2>&1; echo "policy $i rc $?"
+    timeout 100 python3 python/gpu/train_gpt2.py xseg --steps 50 > "$L/default-$i.log" 2>&1; echo "default $i rc $?"
+    for p in $POLICIES; do
+      XSEG_CONF=${p#*=} timeout 100 python3 python/gpu/train_gpt2.py xseg --steps 50 > "$L/${p%%=*}-$i.log" 2>&1; echo "${p%%=*} (${p#*=}) $i rc $?"
+    done
   done
-  grep -h '^RESULT' "$L"/*.log | python3 -c '
+  for f in "$L"/*-[0-9]*.log; do
+    grep -h '^RESULT' "$f" | sed "s|^RESULT |$(basename "$f" .log) |"
+  done | python3 -c '
 import json, sys
 for line in sys.stdin:
-    r = json.loads(line[len("RESULT "):])
-    print(r["mode"], "first step %.0f ms" % (8 * 1024 / r["tokens_per_s"][0] * 1e3),
-          "median tokens/s %.0f" % r["median_tokens_per_s"], "peak reserved", r["peak_reserved"], "maps", r.get("num_maps"))'
+    name, js = line.split(" ", 1)
+    r = json.loads(js)
+    print(name, "first step %.0f ms" % (8 * 1024 / r["tokens_per_s"][0] * 1e3),
+          "median tokens/s %.0f" % r["median_tokens_per_s"], "peak reserved", r["peak_reserved"],
+          "maps", r.get("num_maps"), "created", r.get("num_pages_created"), "set_access", r.get("num_set_access_calls"),
+          "syncs", r.get("num_syncs"), "unmaps", r.get("num_unmaps"))'
   ;;
 py)
   wheel
