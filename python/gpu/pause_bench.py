@@ -232,6 +232,11 @@ def one_mode(mode, gib, cycles, alloc_mib):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     if mode == "xseg":
+        # A tag keeps its free pages for its own allocations, like any
+        # private pool (empty_cache leaves them); pausing it with nothing
+        # live gives them back.
+        xseg.pause("bench")
+        r["tag_reserved_after_pause_gib"] = xseg.tag_stats("bench")["reserved_bytes"] / (1 << 30)
         xseg.empty_cache()
     r["device_free_end_vs_start_mib"] = (torch.cuda.mem_get_info()[0] - free_start) / MiB
     # Leaked device memory: free at the end of the cycles below free after
