@@ -66,9 +66,14 @@ type baselineVariant struct {
 // ratios better is logged: regenerate the file (updateCmd) so that the
 // gain is kept. The 99 replays of the 9 traces take about 8 s (2 cores);
 // with -race, which makes them ten times slower, it replays each trace and
-// its variant of seed 1 only (the plain run checks the rest). With -tags invariants, whose checks cost far more (65 s with
+// its variant of seed 1, or the trace alone when it is long (the plain run
+// checks the rest). With -tags invariants, whose checks cost far more (65 s with
 // -race), it replays gpt2_train and 3 of its variants (about 4 s with
 // -race): the ratios are the same, and the plain run checks them all.
+// raceVariantEvents: under -race, traces of this many events or more are
+// replayed without variants.
+const raceVariantEvents = 200_000
+
 func TestBaseline(t *testing.T) {
 	paths, err := filepath.Glob(filepath.Join(tracesDir, "*.trace.gz"))
 	require.NoError(t, err)
@@ -89,11 +94,17 @@ func TestBaseline(t *testing.T) {
 					t.Skip("-tags invariants: gpt2_train only (a replay of gpt2_varlen takes 5 s with -race); the plain run checks every trace")
 				}
 				variants = variants[:3]
-			} else if raceBuild {
-				variants = variants[:1]
 			}
 			tr, err := trace.ReadFile(path)
 			require.NoError(t, err)
+			if raceBuild && !invariantsBuild {
+				// The trace itself, and its variant of seed 1 unless the
+				// trace is long (generation: half a million events).
+				variants = variants[:0]
+				if len(tr.Events) < raceVariantEvents {
+					variants = want.Variants[:1]
+				}
+			}
 			res := replay(t, d, tr)
 			compare(t, tr.Name, res.Ratio, want.Ratio)
 			for _, bv := range variants {
