@@ -46,6 +46,18 @@ func allocFree(a *Allocator, size uint64) error {
 	return a.Free(p)
 }
 
+// freeFirstOf is a setup that allocates sizes into *held and frees the
+// first: a freed block with a live one after it.
+func freeFirstOf(held *[]vmm.DevicePtr, sizes ...uint64) func(a *Allocator) error {
+	return func(a *Allocator) error {
+		var err error
+		if *held, err = alloc(a, sizes...); err != nil {
+			return err
+		}
+		return a.Free((*held)[0])
+	}
+}
+
 func alloc(a *Allocator, sizes ...uint64) ([]vmm.DevicePtr, error) {
 	var ps []vmm.DevicePtr
 	for _, s := range sizes {
@@ -68,6 +80,8 @@ func TestFaultMatrix(t *testing.T) {
 	threshold.PageCacheBytes = 20 * mib
 	samePages := matrixConfig() // both pools on 2 MiB pages: a large growth takes the small pool's free pages
 	samePages.LargePageSize = 2 * mib
+	recycle := recycleConfig(true) // a growth unmaps exactly the free pages it lacks, past the (empty) cache
+	recycle.OOMMaxRetries = 0
 	var held []vmm.DevicePtr
 	scenarios := []vmmtest.Scenario{
 		allocScenario("alloc", matrixConfig(), none,
@@ -81,14 +95,7 @@ func TestFaultMatrix(t *testing.T) {
 			func(a *Allocator) error { var err error; held, err = alloc(a, 60*mib, 20*mib); return err },
 			func(a *Allocator) error { return a.Free(held[0]) },
 			func(a *Allocator) error { return allocFree(a, 60*mib) }),
-		allocScenario("steal", matrixConfig(),
-			func(a *Allocator) error {
-				var err error
-				if held, err = alloc(a, 40*mib, 20*mib); err != nil {
-					return err
-				}
-				return a.Free(held[0])
-			},
+		allocScenario("steal", matrixConfig(), freeFirstOf(&held, 40*mib, 20*mib),
 			func(a *Allocator) error { _, err := a.Alloc(100*mib, 0); return err },
 			func(a *Allocator) error { return allocFree(a, 100*mib) }),
 		allocScenario("steal-across-pools", samePages,
@@ -101,6 +108,10 @@ func TestFaultMatrix(t *testing.T) {
 			},
 			func(a *Allocator) error { _, err := a.Alloc(4*mib, 0); return err },
 			func(a *Allocator) error { return allocFree(a, 4*mib) }),
+		allocScenario("recycle", recycle, freeFirstOf(&held, 40*mib, 2*mib),
+			func(a *Allocator) error { _, err := a.Alloc(60*mib, 0); return err },
+			func(a *Allocator) error { return allocFree(a, 60*mib) }),
+		recycleAcrossStreams(recycle),
 		allocScenario("empty-cache", matrixConfig(),
 			func(a *Allocator) error {
 				var err error
@@ -154,5 +165,46 @@ func bufferScenario(name string, opts BufferOptions, setup, act, again func(b *B
 			s.Again = func() error { return again(b) }
 		}
 		return s, nil
+	}}
+}
+
+// recycleAcrossStreams: a growth on the default stream takes the free pages
+// of a side stream's range, after waiting for that stream (the wait, each
+// unmap, map and access grant, and their undo, fail in turn).
+func recycleAcrossStreams(cfg Config) vmmtest.Scenario {
+	return vmmtest.Scenario{Name: "recycle-across-streams", Setup: func(d vmm.Driver) (vmmtest.Subject, error) {
+		s, err := d.StreamCreate(0)
+		if err != nil {
+			return vmmtest.Subject{}, err
+		}
+		a, err := New(d, 0, cfg, nil)
+		if err != nil {
+			return vmmtest.Subject{}, errors.Join(err, d.StreamDestroy(s))
+		}
+		destroyed := false
+		closeAll := func() error {
+			if err := a.Close(); err != nil {
+				return err
+			}
+			if !destroyed {
+				if err := d.StreamDestroy(s); err != nil {
+					return err
+				}
+				destroyed = true
+			}
+			return nil
+		}
+		side, err := a.Alloc(40*mib, s)
+		if err == nil {
+			err = a.Free(side)
+		}
+		if err != nil {
+			return vmmtest.Subject{}, errors.Join(err, closeAll())
+		}
+		return vmmtest.Subject{
+			Act:   func() error { _, err := a.Alloc(40*mib, 0); return err },
+			Again: func() error { return errors.Join(allocFree(a, 40*mib), a.EmptyCache()) },
+			Close: closeAll,
+		}, nil
 	}}
 }
