@@ -223,9 +223,21 @@ func runFaulty(t *testing.T, a *Allocator, streams []vmm.Stream, ops []byte) (fi
 	return first
 }
 
+// TestConcurrentStress: 8 goroutines allocate and free on 3 streams, with
+// record_stream and EmptyCache mixed in, under the default configuration
+// and under recycle_pages (growths that take other streams' free pages).
 func TestConcurrentStress(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{{"default", DefaultConfig()}, {"recycle", recycleConfig(true)}} {
+		t.Run(tc.name, func(t *testing.T) { concurrentStress(t, tc.cfg) })
+	}
+}
+
+func concurrentStress(t *testing.T, cfg Config) {
 	d := vmmtest.HostDriver(t, 0)
-	a := newAlloc(t, d, DefaultConfig())
+	a := newAlloc(t, d, cfg)
 	streams := []vmm.Stream{0}
 	for range 2 {
 		s, err := d.StreamCreate(0)
