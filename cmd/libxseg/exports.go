@@ -50,6 +50,16 @@ func status(name string, err error) C.int {
 	return 0
 }
 
+// jsonOut hands a JSON document to C as a string the caller frees with
+// xseg_string_free, or records err and returns NULL.
+func jsonOut(name string, b []byte, err error) *C.char {
+	if err != nil {
+		fail(name, err)
+		return nil
+	}
+	return C.CString(string(b))
+}
+
 //export xsegGoMalloc
 func xsegGoMalloc(size C.ssize_t, device C.int, stream C.uintptr_t) (ptr C.uintptr_t) {
 	defer catch("xseg_malloc")
@@ -105,22 +115,14 @@ func xsegGoRecordStream(ptr C.uintptr_t, stream C.uintptr_t) (rc C.int) {
 func xsegGoStatsJSON(device C.int) (s *C.char) {
 	defer catch("xseg_stats_json")
 	b, err := lib.statsJSON(int(device))
-	if err != nil {
-		fail("xseg_stats_json", err)
-		return nil
-	}
-	return C.CString(string(b))
+	return jsonOut("xseg_stats_json", b, err)
 }
 
 //export xsegGoSnapshotJSON
 func xsegGoSnapshotJSON(device C.int) (s *C.char) {
 	defer catch("xseg_snapshot_json")
 	b, err := lib.snapshotJSON(int(device))
-	if err != nil {
-		fail("xseg_snapshot_json", err)
-		return nil
-	}
-	return C.CString(string(b))
+	return jsonOut("xseg_snapshot_json", b, err)
 }
 
 //export xsegGoEmptyCache

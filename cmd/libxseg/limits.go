@@ -130,9 +130,5 @@ func xseg_record_history(device C.int, maxEntries C.size_t) (rc C.int) {
 func xseg_history_json(device C.int) (s *C.char) {
 	defer catch("xseg_history_json")
 	b, err := lib.historyJSON(int(device))
-	if err != nil {
-		fail("xseg_history_json", err)
-		return nil
-	}
-	return C.CString(string(b))
+	return jsonOut("xseg_history_json", b, err)
 }

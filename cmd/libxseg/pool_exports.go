@@ -75,11 +75,7 @@ func xsegGoMallocInPool(size C.ssize_t, device C.int, stream C.uintptr_t, first,
 func xsegGoPoolJSON(device C.int, first, second C.ulonglong, checkpoint C.int) (s *C.char) {
 	defer catch("xseg_pool_json")
 	b, err := lib.poolJSON(int(device), poolID(first, second), checkpoint != 0)
-	if err != nil {
-		fail("xseg_pool_json", err)
-		return nil
-	}
-	return C.CString(string(b))
+	return jsonOut("xseg_pool_json", b, err)
 }
 
 //export xsegGoPoolRestore
@@ -90,9 +86,5 @@ func xsegGoPoolRestore(device C.int, checkpoint *C.char, n C.size_t) (s *C.char)
 		return nil
 	}
 	b, err := lib.restorePool(int(device), C.GoBytes(unsafe.Pointer(checkpoint), C.int(n)))
-	if err != nil {
-		fail("xseg_pool_restore", err)
-		return nil
-	}
-	return C.CString(string(b))
+	return jsonOut("xseg_pool_restore", b, err)
 }

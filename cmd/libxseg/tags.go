@@ -187,22 +187,14 @@ func xsegGoTagStatsJSON(device C.int, tag *C.char) (s *C.char) {
 	if err == nil {
 		b, err = lib.tagStatsJSON(int(device), name)
 	}
-	if err != nil {
-		fail("xseg_tag_stats_json", err)
-		return nil
-	}
-	return C.CString(string(b))
+	return jsonOut("xseg_tag_stats_json", b, err)
 }
 
 //export xsegGoTagsJSON
 func xsegGoTagsJSON(device C.int) (s *C.char) {
 	defer catch("xseg_tags_json")
 	b, err := lib.tagsJSON(int(device))
-	if err != nil {
-		fail("xseg_tags_json", err)
-		return nil
-	}
-	return C.CString(string(b))
+	return jsonOut("xseg_tags_json", b, err)
 }
 
 // xsegGoSetError records a failure of C or C++ code (pools.cc's regions)
