@@ -82,8 +82,42 @@ func TestFaultMatrix(t *testing.T) {
 	samePages.LargePageSize = 2 * mib
 	recycle := recycleConfig(true) // a growth unmaps exactly the free pages it lacks, past the (empty) cache
 	recycle.OOMMaxRetries = 0
+	chunks := chunkConfig(8 * mib) // chunks of 4 pages: a growth of 25 pages makes 6 and a page of its own
+	chunksThreshold := chunks
+	chunksThreshold.ReleaseThreshold = 1 << 20
+	chunksRecycle := recycle
+	chunksRecycle.ChunkBytes = 8 * mib
 	var held []vmm.DevicePtr
 	scenarios := []vmmtest.Scenario{
+		allocScenario("chunks-alloc", chunks, none,
+			func(a *Allocator) error { _, err := a.Alloc(50*mib, 0); return err },
+			func(a *Allocator) error { return allocFree(a, 50*mib) }),
+		allocScenario("chunks-release-threshold", chunksThreshold,
+			func(a *Allocator) error { var err error; held, err = alloc(a, 30*mib, 4*mib, 20*mib); return err },
+			func(a *Allocator) error { return a.Free(held[0]) },
+			func(a *Allocator) error { return allocFree(a, 30*mib) }),
+		allocScenario("chunks-recycle", chunksRecycle, freeFirstOf(&held, 40*mib, 2*mib),
+			func(a *Allocator) error { _, err := a.Alloc(60*mib, 0); return err },
+			func(a *Allocator) error { return allocFree(a, 60*mib) }),
+		allocScenario("chunks-empty-cache", chunks,
+			func(a *Allocator) error {
+				var err error
+				if held, err = alloc(a, 30*mib, 3*mib, 20*mib); err != nil {
+					return err
+				}
+				return errors.Join(a.Free(held[0]), a.Free(held[1]))
+			},
+			func(a *Allocator) error { return a.EmptyCache() },
+			func(a *Allocator) error { return allocFree(a, 30*mib) }),
+		allocScenario("chunks-close", chunks,
+			func(a *Allocator) error {
+				var err error
+				if held, err = alloc(a, 30*mib, 1*mib, 20*mib, 3*mib); err != nil {
+					return err
+				}
+				return a.Free(held[2])
+			},
+			func(a *Allocator) error { return a.Close() }, nil),
 		allocScenario("alloc", matrixConfig(), none,
 			func(a *Allocator) error { _, err := a.Alloc(50*mib, 0); return err },
 			func(a *Allocator) error { return allocFree(a, 50*mib) }),

@@ -35,6 +35,11 @@ type pages struct {
 	// hold is the bytes the cache may keep beyond its bound while a
 	// growth recycles pages (core.PageHolder).
 	hold uint64
+	// loose are unmapped chunks (Config.ChunkBytes) the driver failed to
+	// release, by pool: ReleaseCache tries again; they count as cached.
+	loose      [core.NumPools][]vmm.Handle
+	looseBytes [core.NumPools]uint64
+	looseSize  map[vmm.Handle]uint64 // each loose chunk's size
 
 	mu struct {
 		sync.Mutex
@@ -52,10 +57,44 @@ type pages struct {
 }
 
 // segPages is a segment's own state: the handle behind each mapped page,
-// by page index (0 where none is mapped).
+// by page index (0 where none is mapped), and under Config.ChunkBytes the
+// chunk each page belongs to.
 type segPages struct {
 	handles []vmm.Handle
-	stuck   []stuckRun // pages a failed Map left mapped in a hole
+	// spans: by page index, the chunk (a physical allocation of several
+	// pages, mapped and unmapped whole) the page is part of; n == 0 for a
+	// page of its own. Every page of a chunk has the chunk's handle in
+	// handles. Nil while Config.ChunkBytes is 0.
+	spans []chunkSpan
+	stuck []stuckRun // pages a failed Map left mapped in a hole
+}
+
+// chunkSpan is a chunk: its first page and how many pages it has.
+type chunkSpan struct{ first, n int32 }
+
+// chunkAt returns the chunk page i belongs to, if any.
+func (sp *segPages) chunkAt(i int) (chunkSpan, bool) {
+	if i < len(sp.spans) && sp.spans[i].n > 0 {
+		return sp.spans[i], true
+	}
+	return chunkSpan{}, false
+}
+
+var _ core.AllocBounder = (*pages)(nil)
+
+// AllocBounds returns the pages of the physical allocation that page of
+// seg belongs to: its chunk, or the page alone.
+func (p *pages) AllocBounds(seg *core.Seg, page int) (first, n int) {
+	if c, ok := seg.Data.(*segPages).chunkAt(page); ok {
+		return int(c.first), int(c.n)
+	}
+	return page, 1
+}
+
+// chunkPages is how many pages of pool a new chunk has at most; 0 or 1:
+// chunks are off for it.
+func (p *pages) chunkPages(pool core.Pool) int {
+	return int(p.cfg.ChunkBytes / p.pageSize(pool))
 }
 
 var _ core.Backing = (*pages)(nil)
@@ -131,6 +170,9 @@ func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stat
 	if err := p.unstickLocked(seg, first, first+n); err != nil {
 		return fmt.Errorf("mapping %d pages at %v: %w", n, ptr, err)
 	}
+	if p.chunkPages(seg.Pool) > 1 {
+		return p.mapChunkedLocked(seg, first, n, st)
+	}
 	left, err := pagerun.MapFrom(p.d, ptr, ps, sp.handles[first:first+n], p.accessLocked(), pagerun.Source{
 		Take: func(int) (vmm.Handle, error) { return p.takePage(seg.Pool, st) },
 		Give: func(hs []vmm.Handle) error { return p.putPages(seg.Pool, hs) },
@@ -181,7 +223,7 @@ func (p *pages) unstickLocked(seg *core.Seg, lo, hi int) error {
 			continue
 		}
 		p.stuckBytes[seg.Pool] -= uint64(r.n) * seg.PageSize
-		errs = append(errs, p.putPages(seg.Pool, sp.handles[r.first:r.first+r.n]))
+		errs = append(errs, p.giveLocked(seg, r.first, r.first+r.n, p.putPage))
 	}
 	clear(sp.stuck[len(keep):])
 	sp.stuck = keep
@@ -217,25 +259,45 @@ func (p *pages) unmapLocked(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *c
 	sp := seg.Data.(*segPages)
 	ps := seg.PageSize
 	first := int(uint64(ptr-seg.Base) / ps)
+	end := first + int(size/ps)
 	var done uint64
 	var errs []error
 	for done < size {
 		at := ptr.Add(done)
-		if err := p.d.Unmap(at, ps); err != nil {
+		i := first + int(done/ps)
+		m := 1
+		if c, ok := sp.chunkAt(i); ok {
+			if int(c.first) != i || int(c.first+c.n) > end {
+				return done, errors.Join(append(errs, fmt.Errorf("unmapping page %d at %v: part of chunk %d+%d, which is unmapped only whole: %w", i, at, c.first, c.n, vmm.ErrInvalid))...)
+			}
+			m = int(c.n)
+		}
+		if err := p.d.Unmap(at, uint64(m)*ps); err != nil {
 			return done, errors.Join(append(errs, fmt.Errorf("unmapping page at %v: %w", at, err))...)
 		}
 		st.Unmaps++
-		i := first + int(done/ps)
-		h := sp.handles[i]
-		sp.handles[i] = 0
-		done += ps
-		errs = append(errs, put(seg.Pool, h))
+		done += uint64(m) * ps
+		errs = append(errs, p.giveLocked(seg, i, i+m, put))
 	}
 	return done, errors.Join(errs...)
 }
 
 // takePage returns a cached page of the pool, or a new one.
 func (p *pages) takePage(pool core.Pool, st *core.Stats) (vmm.Handle, error) {
+	if h, ok := p.takeCached(pool, st); ok {
+		return h, nil
+	}
+	ps := p.pageSize(pool)
+	h, err := p.d.Create(p.dev, ps, p.types)
+	if err != nil {
+		return 0, fmt.Errorf("no cached page to reuse: %w", err)
+	}
+	st.PagesCreated++
+	return h, nil
+}
+
+// takeCached returns a cached page of the pool or a page mate's, if any.
+func (p *pages) takeCached(pool core.Pool, st *core.Stats) (vmm.Handle, bool) {
 	ps := p.pageSize(pool)
 	for _, q := range p.cacheFrom[pool] {
 		if c := p.cache[q]; len(c) > 0 {
@@ -243,15 +305,10 @@ func (p *pages) takePage(pool core.Pool, st *core.Stats) (vmm.Handle, error) {
 			p.cache[q] = c[:len(c)-1]
 			p.cacheBytes[q] -= ps
 			st.PagesReused++
-			return h, nil
+			return h, true
 		}
 	}
-	h, err := p.d.Create(p.dev, ps, p.types)
-	if err != nil {
-		return 0, fmt.Errorf("no cached page to reuse: %w", err)
-	}
-	st.PagesCreated++
-	return h, nil
+	return 0, false
 }
 
 // putPage keeps an unmapped page in the cache if it has room and releases
@@ -303,7 +360,7 @@ func (p *pages) SettlePages(_ *core.Stats) error {
 // CachedBytes is the size of the cached pages of pool and of its stuck
 // pages: physical memory held outside the mapped blocks.
 func (p *pages) CachedBytes(pool core.Pool) uint64 {
-	return p.cacheBytes[pool] + p.stuckBytes[pool]
+	return p.cacheBytes[pool] + p.stuckBytes[pool] + p.looseBytes[pool]
 }
 
 // ReleaseCache unmaps every stuck page into the cache, then releases every
@@ -315,6 +372,7 @@ func (p *pages) ReleaseCache(_ *core.Stats) error {
 		errs = append(errs, p.unstickLocked(seg, 0, math.MaxInt))
 	}
 	p.mu.Unlock()
+	errs = append(errs, p.releaseLoose())
 	for pool := range p.cache {
 		keep := p.cache[pool][:0]
 		for _, h := range p.cache[pool] {

@@ -40,6 +40,11 @@ func (a *Allocator) PinBlock(ptr vmm.DevicePtr) (handles.Pin, error) {
 		if first+n > len(sp.handles) {
 			return fmt.Errorf("pinning block %v: pages %d..%d not mapped: %w", b, first, first+n-1, vmm.ErrInvalid)
 		}
+		for i := first; i < first+n; i++ {
+			if _, ok := sp.chunkAt(i); ok {
+				return fmt.Errorf("pinning block %v: page %d is part of a chunk (chunk_mb), which sharing does not export yet: %w", b, i, vmm.ErrNotSupported)
+			}
+		}
 		pin.Pages = make([]vmm.Handle, n)
 		for i := range pin.Pages {
 			if pin.Pages[i] = sp.handles[first+i]; pin.Pages[i] == 0 {

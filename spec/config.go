@@ -66,6 +66,15 @@ type Config struct {
 	// free memory is scattered across a range. The expandable allocator
 	// only.
 	RecyclePages bool
+	// ChunkBytes: a growth of the expandable allocator creates the pages
+	// the cache does not give it as physical allocations ("chunks") of up
+	// to this many bytes, a multiple of the pool's page size, each mapped
+	// with one Map, instead of one allocation a page. A chunk is unmapped
+	// only whole (the core rounds in to whole chunks) and released when
+	// unmapped, never cached. 0: off, one allocation a page. A prototype
+	// (docs/DESIGN.md, "Where the page policy goes next"): blocks on
+	// chunks cannot be pinned for sharing.
+	ChunkBytes uint64
 	// OOMMaxRetries: after the cache has been emptied, retry this many
 	// times with exponential backoff from OOMDelay, for memory that other
 	// processes hold; at most MaxOOMRetries. Each delay is capped at the
@@ -115,6 +124,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: large_page_mb: a page of %d bytes is larger than 1 TiB (1048576 MiB): %w", c.LargePageSize, vmm.ErrInvalid)
 	case c.SmallLimit > c.SmallPageSize:
 		return fmt.Errorf("config: small_limit_kb (%d bytes) must be at most the small page size %d", c.SmallLimit, c.SmallPageSize)
+	case c.ChunkBytes > TiB:
+		return fmt.Errorf("config: chunk_mb: a chunk of %d bytes is larger than 1 TiB (1048576 MiB): %w", c.ChunkBytes, vmm.ErrInvalid)
 	case c.OOMMaxRetries < 0 || c.OOMMaxRetries > MaxOOMRetries:
 		return fmt.Errorf("config: oom_max_retries %d is not in [0, %d]", c.OOMMaxRetries, MaxOOMRetries)
 	case c.OOMDelay < 0 || c.OOMWait < 0:
@@ -137,6 +148,7 @@ func (c Config) Validate() error {
 //	oom_verbose, shareable         OOMVerbose, Shareable (true/false/1/0)
 //	whole_pages                    WholePages (true/false/1/0)
 //	recycle_pages                  RecyclePages (true/false/1/0)
+//	chunk_mb                       ChunkBytes (MiB, 0 = off)
 //
 // and the seed allocator's names OOM_MAX_RETRIES, OOM_DELAY_MS,
 // OOM_SIZE_FACTOR and OOM_VERBOSE as aliases.
@@ -154,6 +166,7 @@ var configKeys = map[string]func(c *Config, v string) error{
 	"shareable":            boolean(func(c *Config) *bool { return &c.Shareable }),
 	"whole_pages":          boolean(func(c *Config) *bool { return &c.WholePages }),
 	"recycle_pages":        boolean(func(c *Config) *bool { return &c.RecyclePages }),
+	"chunk_mb":             mib(func(c *Config) *uint64 { return &c.ChunkBytes }, MiB),
 }
 
 // envAliases are the seed allocator's names, accepted as keys of XSEG_CONF

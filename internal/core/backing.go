@@ -74,6 +74,11 @@ type Seg struct {
 	// Data is the Backing's own state for this segment.
 	Data any
 
+	// bounds is the Backing as an AllocBounder when its physical
+	// allocations may span several pages (Config.ChunkBytes); nil: every
+	// page is an allocation of its own.
+	bounds AllocBounder
+
 	st     *state   // the (stream, pool) it belongs to
 	first  *block   // blocks in address order
 	holes  []*block // unmapped blocks in address order
@@ -97,4 +102,16 @@ type PageHolder interface {
 	// SettlePages ends the hold and releases the cached pages over the
 	// bound. A page that fails to release stays cached.
 	SettlePages(st *Stats) error
+}
+
+// AllocBounder is implemented by a Backing whose mapped pages may belong
+// to physical allocations of several consecutive pages (Config.ChunkBytes),
+// which the driver can unmap only whole. Wherever the Heap rounds a free
+// range in to whole pages to unmap, it rounds it in to whole allocations
+// too, so that it never asks to unmap part of one.
+type AllocBounder interface {
+	// AllocBounds returns the pages [first, first+n) of the physical
+	// allocation that page (an index in seg) belongs to: (page, 1) for a
+	// page of its own or one not mapped.
+	AllocBounds(seg *Seg, page int) (first, n int)
 }

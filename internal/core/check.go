@@ -133,6 +133,9 @@ func (h *Heap) verifySeg(seg *Seg, t *tally) (int, error) {
 			if seg.holes[holes] != b || uint64(b.ptr-seg.Base)%seg.PageSize != 0 || b.size%seg.PageSize != 0 {
 				return 0, fmt.Errorf("hole %v+%d not listed or not whole pages", b.ptr, b.size)
 			}
+			if !seg.allocEdge(b.ptr) || !seg.allocEdge(b.end()) {
+				return 0, fmt.Errorf("hole %v+%d splits a physical allocation", b.ptr, b.size)
+			}
 			holes++
 			continue
 		}

@@ -256,7 +256,7 @@ func (h *Heap) syncReservedLocked() {
 // sizes it itself, one that maps on demand reserves what
 // reservationLocked asks for.
 func (h *Heap) newSegmentLocked(st *state, rs uint64) (*Seg, error) {
-	seg := &Seg{Stream: st.key.stream, Pool: st.key.pool, st: st}
+	seg := &Seg{Stream: st.key.stream, Pool: st.key.pool, st: st, bounds: h.bounds}
 	size := rs
 	if sz, ok := h.back.(SegmentSizer); ok {
 		if err := h.limitLocked(sz.SegmentBytes(st.key.pool, rs)); err != nil {

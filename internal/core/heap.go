@@ -36,6 +36,9 @@ type Heap struct {
 	// donors are, by pool, the smaller pools whose free pages a growth of
 	// the pool may take (grow.go); mates are all its page mates.
 	donors, mates [NumPools][]Pool
+	// bounds is the Backing as an AllocBounder under Config.ChunkBytes,
+	// else nil; every segment gets it (Seg.bounds).
+	bounds AllocBounder
 	// holder is the Backing as a PageHolder under Config.RecyclePages,
 	// else nil.
 	holder PageHolder
@@ -104,6 +107,9 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 	}
 	if ph, ok := b.(PageHolder); ok && cfg.RecyclePages {
 		h.holder = ph
+	}
+	if ab, ok := b.(AllocBounder); ok && cfg.ChunkBytes > 0 {
+		h.bounds = ab
 	}
 	h.mu.states = make(map[stateKey]*state)
 	h.mu.blocks = make(map[vmm.DevicePtr]*block)

@@ -194,7 +194,11 @@ func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, keep keepOut, synced, ex
 			continue
 		}
 		if exact && uint64(hi-lo) > budget-done {
-			hi = lo.Add(budget - done)
+			// Down to a whole allocation: lo starts one already.
+			if lo, hi = seg.allocsIn(lo, lo.Add(budget-done)); hi <= lo {
+				b = b.next
+				continue
+			}
 		}
 		n, next, err := h.unmapSpanLocked(b, lo, hi)
 		done += n
@@ -224,9 +228,8 @@ func (k keepOut) pages(seg *Seg, b *block) (lo, hi vmm.DevicePtr) {
 	if k.hi <= k.lo || hi <= k.lo || lo >= k.hi {
 		return lo, hi
 	}
-	// The pages that overlap the kept range.
-	klo := seg.Base.Add(uint64(k.lo-seg.Base) / seg.PageSize * seg.PageSize)
-	khi := seg.Base.Add(roundUp(uint64(k.hi-seg.Base), seg.PageSize))
+	// The pages (the allocations) that overlap the kept range.
+	klo, khi := seg.allocsOut(k.lo, k.hi)
 	if hi > khi {
 		return max(lo, khi), hi
 	}
@@ -245,12 +248,61 @@ func hasWholePage(seg *Seg, keep keepOut) bool {
 // wholePages returns the whole pages inside b.
 func wholePages(seg *Seg, b *block) (lo, hi vmm.DevicePtr) { return pagesIn(seg, b.ptr, b.size) }
 
-// pagesIn returns the whole pages of seg inside [ptr, ptr+size); hi <= lo
-// when there are none.
+// pagesIn returns the whole pages of seg inside [ptr, ptr+size), rounded
+// in to whole physical allocations (AllocBounder); hi <= lo when there
+// are none.
 func pagesIn(seg *Seg, ptr vmm.DevicePtr, size uint64) (lo, hi vmm.DevicePtr) {
 	lo = seg.Base.Add(roundUp(uint64(ptr-seg.Base), seg.PageSize))
 	hi = seg.Base.Add(uint64(ptr.Add(size)-seg.Base) / seg.PageSize * seg.PageSize)
-	return lo, hi
+	return seg.allocsIn(lo, hi)
+}
+
+// allocsIn rounds [lo, hi), whole pages of s, in to whole physical
+// allocations: an allocation that sticks out at either end is left out.
+// hi <= lo when none is left.
+func (s *Seg) allocsIn(lo, hi vmm.DevicePtr) (vmm.DevicePtr, vmm.DevicePtr) {
+	if s.bounds == nil || hi <= lo {
+		return lo, hi
+	}
+	ps := s.PageSize
+	l, e := int(uint64(lo-s.Base)/ps), int(uint64(hi-s.Base)/ps)
+	if f, n := s.bounds.AllocBounds(s, l); f < l {
+		l = f + n
+	}
+	if e > l {
+		if f, n := s.bounds.AllocBounds(s, e-1); f+n > e {
+			e = f
+		}
+	}
+	if e <= l {
+		return lo, lo
+	}
+	return s.Base.Add(uint64(l) * ps), s.Base.Add(uint64(e) * ps)
+}
+
+// allocEdge reports whether at, a page boundary of s, is no physical
+// allocation's inside.
+func (s *Seg) allocEdge(at vmm.DevicePtr) bool {
+	if s.bounds == nil || at <= s.Base || at >= s.End() {
+		return true
+	}
+	i := int(uint64(at-s.Base) / s.PageSize)
+	f, _ := s.bounds.AllocBounds(s, i)
+	g, n := s.bounds.AllocBounds(s, i-1)
+	return f == i && g+n == i
+}
+
+// allocsOut rounds [lo, hi) of s out to whole pages and whole physical
+// allocations.
+func (s *Seg) allocsOut(lo, hi vmm.DevicePtr) (vmm.DevicePtr, vmm.DevicePtr) {
+	ps := s.PageSize
+	l, e := int(uint64(lo-s.Base)/ps), int(roundUp(uint64(hi-s.Base), ps)/ps)
+	if s.bounds != nil && e > l {
+		l, _ = s.bounds.AllocBounds(s, l)
+		f, n := s.bounds.AllocBounds(s, e-1)
+		e = max(e, f+n)
+	}
+	return s.Base.Add(uint64(l) * ps), s.Base.Add(uint64(e) * ps)
 }
 
 // unmapSpanLocked unmaps [lo, hi), whole pages inside free block b, and

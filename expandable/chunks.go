@@ -1,0 +1,152 @@
+package expandable
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/internal/pagerun"
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// Chunks (Config.ChunkBytes, a prototype): a growth takes what the page
+// cache gives it for the low end of its run, then creates the rest as
+// physical allocations of up to ChunkBytes each, maps each with one Map
+// and grants access to the run with one SetAccess. The driver unmaps a
+// mapping only whole, so a chunk is unmapped only whole (the core rounds
+// free ranges in to whole chunks through AllocBounds) and released when
+// unmapped: chunks never go into the page cache, which keeps pages of one
+// size.
+
+// mapChunkedLocked maps the n pages from page first of seg as Map does,
+// with chunks for the pages the cache does not give. On error nothing is
+// mapped but pages whose undo failed, which stay stuck (see stuckRun);
+// cached pages go back to the cache and new chunks are released. p.mu is
+// held and the run's stuck pages are unmapped already.
+func (p *pages) mapChunkedLocked(seg *core.Seg, first, n int, st *core.Stats) error {
+	sp := seg.Data.(*segPages)
+	ps := seg.PageSize
+	end := first + n
+	if end > len(sp.spans) {
+		sp.spans = append(sp.spans, make([]chunkSpan, end-len(sp.spans))...)
+	}
+	i := first
+	for ; i < end; i++ {
+		h, ok := p.takeCached(seg.Pool, st)
+		if !ok {
+			break
+		}
+		sp.handles[i] = h
+	}
+	per := p.chunkPages(seg.Pool)
+	for i < end {
+		m := min(per, end-i)
+		h, err := p.d.Create(p.dev, uint64(m)*ps, p.types)
+		if err != nil {
+			return errors.Join(fmt.Errorf("creating a chunk of %d pages: %w", m, err), p.giveLocked(seg, first, i, p.putPage))
+		}
+		st.PagesCreated++
+		for j := i; j < i+m; j++ {
+			sp.handles[j] = h
+			if m > 1 { // a chunk of one page is a page of its own
+				sp.spans[j] = chunkSpan{int32(i), int32(m)}
+			}
+		}
+		i += m
+	}
+	var maps int64
+	for i = first; i < end; {
+		m := 1
+		if c, ok := sp.chunkAt(i); ok {
+			m = int(c.n)
+		}
+		at := seg.Base.Add(uint64(i) * ps)
+		if err := p.d.Map(at, uint64(m)*ps, sp.handles[i], 0); err != nil {
+			return p.undoChunkedLocked(seg, first, i, end, fmt.Errorf("mapping %d pages at %v: %w", m, at, err))
+		}
+		maps++
+		i += m
+	}
+	ptr := seg.Base.Add(uint64(first) * ps)
+	if err := p.d.SetAccess(ptr, uint64(n)*ps, p.accessLocked()); err != nil {
+		return p.undoChunkedLocked(seg, first, end, end, fmt.Errorf("setting access to %d pages at %v: %w", n, ptr, err))
+	}
+	st.Maps += maps
+	st.SetAccessCalls++
+	return nil
+}
+
+// undoChunkedLocked undoes a failed mapChunkedLocked: pages [first,
+// mapped) are mapped, [mapped, end) taken and not mapped. Mapped pages
+// that fail to unmap stay stuck. p.mu is held.
+func (p *pages) undoChunkedLocked(seg *core.Seg, first, mapped, end int, err error) error {
+	errs := []error{err}
+	if mapped > first {
+		at := seg.Base.Add(uint64(first) * seg.PageSize)
+		if uerr := pagerun.Unmap(p.d, at, seg.PageSize, mapped-first); uerr != nil {
+			errs = append(errs, fmt.Errorf("undoing the mapping (%d pages stay mapped): %w", mapped-first, uerr))
+			p.stick(seg, first, mapped-first)
+			first = mapped
+		}
+	}
+	return errors.Join(append(errs, p.giveLocked(seg, first, end, p.putPage))...)
+}
+
+// giveLocked hands back the unmapped pages [lo, hi) of seg and clears
+// their places: a page of its own to put, a chunk (which starts in the
+// range) to the driver. p.mu is held.
+func (p *pages) giveLocked(seg *core.Seg, lo, hi int, put func(core.Pool, vmm.Handle) error) error {
+	sp := seg.Data.(*segPages)
+	var errs []error
+	for i := lo; i < hi; {
+		h, m := sp.handles[i], 1
+		if c, ok := sp.chunkAt(i); ok {
+			m = int(c.first+c.n) - i
+			clear(sp.spans[i : i+m])
+			if h != 0 {
+				errs = append(errs, p.releaseChunk(seg.Pool, h, uint64(c.n)*seg.PageSize))
+			}
+		} else if h != 0 {
+			errs = append(errs, put(seg.Pool, h))
+		}
+		clear(sp.handles[i : i+m])
+		i += m
+	}
+	return errors.Join(errs...)
+}
+
+// releaseChunk releases an unmapped chunk of size bytes, or keeps it
+// loose (counted as cached) for ReleaseCache if the driver fails to.
+func (p *pages) releaseChunk(pool core.Pool, h vmm.Handle, size uint64) error {
+	if err := p.d.Release(h); err != nil {
+		if p.looseSize == nil {
+			p.looseSize = make(map[vmm.Handle]uint64)
+		}
+		p.loose[pool] = append(p.loose[pool], h)
+		p.looseBytes[pool] += size
+		p.looseSize[h] = size
+		return fmt.Errorf("releasing chunk %#x (kept for the next EmptyCache): %w", uint64(h), err)
+	}
+	return nil
+}
+
+// releaseLoose releases the chunks a release failed for; those that fail
+// again stay.
+func (p *pages) releaseLoose() error {
+	var errs []error
+	for pool := range p.loose {
+		keep := p.loose[pool][:0]
+		for _, h := range p.loose[pool] {
+			if err := p.d.Release(h); err != nil {
+				errs = append(errs, fmt.Errorf("releasing chunk %#x: %w", uint64(h), err))
+				keep = append(keep, h)
+				continue
+			}
+			p.looseBytes[pool] -= p.looseSize[h]
+			delete(p.looseSize, h)
+		}
+		clear(p.loose[pool][len(keep):])
+		p.loose[pool] = keep
+	}
+	return errors.Join(errs...)
+}

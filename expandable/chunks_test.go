@@ -1,0 +1,154 @@
+package expandable
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
+)
+
+// chunkConfig: one pool of 2 MiB pages, growths made of chunks of up to
+// chunk bytes (0: one physical allocation a page).
+func chunkConfig(chunk uint64) Config {
+	cfg := DefaultConfig()
+	cfg.SmallLimit = 0
+	cfg.LargePageSize = 2 * mib
+	cfg.ChunkBytes = chunk
+	cfg.OOMMaxRetries = 0
+	return cfg
+}
+
+// TestChunksFewCreates: a 200 MiB growth makes ceil(100 pages / 32) = 4
+// physical allocations (three chunks of 64 MiB and one of 8) with one Map
+// each and one SetAccess, where one a page makes 100; freed and emptied,
+// it all goes back to the driver.
+func TestChunksFewCreates(t *testing.T) {
+	for _, tc := range []struct {
+		chunk         uint64
+		creates, maps int64
+	}{{0, 100, 100}, {64 * mib, 4, 4}, {200 * mib, 1, 1}, {256 * mib, 1, 1}} {
+		d := vmmtest.HostDriver(t, 1<<30)
+		a := newAlloc(t, d, chunkConfig(tc.chunk))
+		p, err := a.Alloc(200*mib, 0)
+		require.NoError(t, err)
+		st := a.Stats()
+		require.Equal(t, tc.creates, st.PagesCreated, "chunk %d", tc.chunk)
+		require.Equal(t, tc.maps, st.Maps)
+		require.Equal(t, int64(1), st.SetAccessCalls)
+		require.Equal(t, int(tc.creates), d.Usage().Handles)
+		require.Equal(t, int(tc.maps), d.Usage().Mappings)
+		require.Equal(t, int64(200*mib), st.ReservedBytes.All.Current)
+		require.NoError(t, a.Free(p))
+		require.NoError(t, a.EmptyCache())
+		st = a.Stats()
+		require.Zero(t, st.ReservedBytes.All.Current)
+		require.Equal(t, tc.maps, st.Unmaps, "one Unmap a chunk")
+		require.Zero(t, st.PagesReused)
+		u := d.Usage()
+		require.Zero(t, u.Handles, "chunks are released, not cached")
+		require.Zero(t, u.Mappings)
+		require.Zero(t, u.HandleBytes)
+	}
+}
+
+// TestChunkKeptWhileANeighbourLives: a block freed next to a live one in
+// the same chunk leaves the chunk mapped through EmptyCache and the
+// release threshold; once both are free the chunk goes.
+func TestChunkKeptWhileANeighbourLives(t *testing.T) {
+	cfg := chunkConfig(64 * mib)
+	cfg.ReleaseThreshold = 2 * mib
+	d := vmmtest.HostDriver(t, 1<<30)
+	a := newAlloc(t, d, cfg)
+	whole, err := a.Alloc(64*mib, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(whole)) // over the threshold, but one chunk that is whole free: unmapped
+	require.Zero(t, a.Stats().ReservedBytes.All.Current, "a wholly free chunk goes under the threshold")
+
+	cfg.ReleaseThreshold = 0
+	a2 := newAlloc(t, d, cfg)
+	whole, err = a2.Alloc(64*mib, 0)
+	require.NoError(t, err)
+	require.NoError(t, a2.Free(whole)) // one free mapped chunk
+	x, err := a2.Alloc(30*mib, 0)
+	require.NoError(t, err)
+	y, err := a2.Alloc(30*mib, 0)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), a2.Stats().PagesCreated, "both blocks in the one chunk")
+	require.NoError(t, a2.Free(x))
+	require.NoError(t, a2.EmptyCache())
+	st := a2.Stats()
+	require.Equal(t, int64(64*mib), st.ReservedBytes.All.Current, "the chunk stays whole while y lives in it")
+	require.Zero(t, st.Unmaps)
+	require.Equal(t, 1, d.Usage().Mappings)
+	require.NoError(t, d.CopyHtoD(y, make([]byte, 30*mib)), "y is still mapped")
+	require.NoError(t, a2.Free(y))
+	require.NoError(t, a2.EmptyCache())
+	require.Zero(t, a2.Stats().ReservedBytes.All.Current)
+	require.Zero(t, d.Usage().Mappings)
+	require.Zero(t, d.Usage().Handles)
+}
+
+// TestChunksRecycle: under recycle_pages a growth past a freed chunk
+// unmaps (and releases) the chunk whole before making its own: reserved
+// peaks at what is live.
+func TestChunksRecycle(t *testing.T) {
+	cfg := recycleConfig(true)
+	cfg.ChunkBytes = 64 * mib
+	d := vmmtest.HostDriver(t, 1<<30)
+	a := newAlloc(t, d, cfg)
+	freed, err := a.Alloc(40*mib, 0)
+	require.NoError(t, err)
+	fence, err := a.Alloc(2*mib, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(freed))
+	grown, err := a.Alloc(60*mib, 0)
+	require.NoError(t, err)
+	st := a.Stats()
+	require.Equal(t, int64(62*mib), st.ReservedBytes.All.Peak)
+	require.Equal(t, int64(1), st.Unmaps, "the freed chunk, in one Unmap")
+	require.Equal(t, int64(3), st.PagesCreated, "a chunk for each growth")
+	require.Equal(t, 2, d.Usage().Handles)
+	require.NoError(t, a.Free(grown))
+	require.NoError(t, a.Free(fence))
+}
+
+// TestChunksPinRefused: sharing does not export chunks yet.
+func TestChunksPinRefused(t *testing.T) {
+	cfg := chunkConfig(64 * mib)
+	cfg.Shareable = true
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), cfg)
+	p, err := a.Alloc(10*mib, 0)
+	require.NoError(t, err)
+	_, err = a.PinBlock(p)
+	require.ErrorIs(t, err, vmm.ErrNotSupported)
+	require.ErrorContains(t, err, "chunk")
+	small, err := a.Alloc(2*mib, 0) // one page: a page of its own
+	require.NoError(t, err)
+	pin, err := a.PinBlock(small)
+	require.NoError(t, err)
+	pin.Unpin()
+	require.NoError(t, a.Free(p))
+	require.NoError(t, a.Free(small))
+}
+
+// TestChunksPauseResume: a tag on chunks pauses (each chunk unmapped
+// whole and released) and resumes with its contents.
+func TestChunksPauseResume(t *testing.T) {
+	e := newPaused(t, chunkConfig(8*mib))
+	bs := e.allocTagged(tagSizes...)
+	made := e.a.Stats().PagesCreated
+	require.Less(t, made, int64(e.host.Usage().MappedBytes/(2*mib)), "some chunks of several pages")
+	require.NoError(t, e.a.Pause(true, tagName))
+	require.Zero(t, e.host.Usage().Handles, "every chunk released")
+	require.Zero(t, e.host.Usage().Mappings)
+	require.NoError(t, e.a.Resume(tagName))
+	require.NoError(t, e.intact(bs))
+	again := e.a.Stats().PagesCreated - made
+	require.Positive(t, again)
+	require.LessOrEqual(t, again, made, "resume maps each mapped run in chunks: no more than the growths made")
+	for _, b := range bs {
+		require.NoError(t, e.a.Free(b.ptr))
+	}
+}
