@@ -99,6 +99,19 @@ func TestFaultMatrix(t *testing.T) {
 		allocScenario("chunks-recycle", chunksRecycle, freeFirstOf(&held, 40*mib, 2*mib),
 			func(a *Allocator) error { _, err := a.Alloc(60*mib, 0); return err },
 			func(a *Allocator) error { return allocFree(a, 60*mib) }),
+		// A block carved from a free chunk that would end inside it: the
+		// sync, the chunk's unmap and release, and the growth into the
+		// hole each failed in turn.
+		allocScenario("chunks-split", chunks,
+			func(a *Allocator) error {
+				var err error
+				if held, err = alloc(a, 64*mib); err != nil {
+					return err
+				}
+				return a.Free(held[0])
+			},
+			func(a *Allocator) error { _, err := a.Alloc(30*mib, 0); return err },
+			func(a *Allocator) error { return allocFree(a, 30*mib) }),
 		allocScenario("chunks-empty-cache", chunks,
 			func(a *Allocator) error {
 				var err error

@@ -9,29 +9,41 @@ import (
 	"github.com/xseg-dev/xseg/vmm"
 )
 
-// Chunks (Config.ChunkBytes, a prototype): a growth takes what the page
-// cache gives it for the low end of its run, then creates the rest as
-// physical allocations of up to ChunkBytes each, maps each with one Map
-// and grants access to the run with one SetAccess. The driver unmaps a
-// mapping only whole, so a chunk is unmapped only whole (the core rounds
-// free ranges in to whole chunks through AllocBounds) and released when
-// unmapped: chunks never go into the page cache, which keeps pages of one
-// size.
+// Chunks (Config.ChunkBytes): a growth backs the pages that lie wholly
+// inside the block it grows for with physical allocations of up to
+// ChunkBytes each (one, for any block up to that size), and the page the
+// block ends in, which a later block may share, with a page of its own;
+// each is mapped with one Map and the run gets one SetAccess. The page
+// cache gives its pages first, to the edge, then to the inside from its
+// low end. The driver unmaps a mapping only whole, so a chunk is unmapped
+// only whole (the core rounds free ranges in to whole chunks through
+// AllocBounds) and released when unmapped: chunks never go into the page
+// cache, which keeps pages of one size. Sharing exports a chunk once
+// (share.go).
 
 // mapChunkedLocked maps the n pages from page first of seg as Map does,
-// with chunks for the pages the cache does not give. On error nothing is
-// mapped but pages whose undo failed, which stay stuck (see stuckRun);
-// cached pages go back to the cache and new chunks are released. p.mu is
-// held and the run's stuck pages are unmapped already.
-func (p *pages) mapChunkedLocked(seg *core.Seg, first, n int, st *core.Stats) error {
+// the first whole of them the inside of one block: chunks for the inside
+// pages the cache does not give, pages of their own for the rest. On
+// error nothing is mapped but pages whose undo failed, which stay stuck
+// (see stuckRun); cached pages go back to the cache and new chunks are
+// released. p.mu is held and the run's stuck pages are unmapped already.
+func (p *pages) mapChunkedLocked(seg *core.Seg, first, n, whole int, st *core.Stats) error {
 	sp := seg.Data.(*segPages)
 	ps := seg.PageSize
 	end := first + n
+	inner := first + whole // [first, inner): the block's alone
 	if end > len(sp.spans) {
 		sp.spans = append(sp.spans, make([]chunkSpan, end-len(sp.spans))...)
 	}
-	i := first
-	for ; i < end; i++ {
+	// Cached pages: the edge first, then the inside from its low end.
+	for i := end - 1; i >= inner; i-- {
+		h, ok := p.takeCached(seg.Pool, st)
+		if !ok {
+			break
+		}
+		sp.handles[i] = h
+	}
+	for i := first; i < inner; i++ {
 		h, ok := p.takeCached(seg.Pool, st)
 		if !ok {
 			break
@@ -39,11 +51,18 @@ func (p *pages) mapChunkedLocked(seg *core.Seg, first, n int, st *core.Stats) er
 		sp.handles[i] = h
 	}
 	per := p.chunkPages(seg.Pool)
-	for i < end {
-		m := min(per, end-i)
+	for i := first; i < end; {
+		if sp.handles[i] != 0 {
+			i++
+			continue
+		}
+		m := 1
+		if i < inner {
+			m = min(per, inner-i)
+		}
 		h, err := p.d.Create(p.dev, uint64(m)*ps, p.types)
 		if err != nil {
-			return errors.Join(fmt.Errorf("creating a chunk of %d pages: %w", m, err), p.giveLocked(seg, first, i, p.putPage))
+			return errors.Join(fmt.Errorf("creating a physical allocation of %d pages: %w", m, err), p.giveLocked(seg, first, end, p.putPage))
 		}
 		st.PagesCreated++
 		for j := i; j < i+m; j++ {
@@ -55,7 +74,7 @@ func (p *pages) mapChunkedLocked(seg *core.Seg, first, n int, st *core.Stats) er
 		i += m
 	}
 	var maps int64
-	for i = first; i < end; {
+	for i := first; i < end; {
 		m := 1
 		if c, ok := sp.chunkAt(i); ok {
 			m = int(c.n)

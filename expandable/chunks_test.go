@@ -53,10 +53,13 @@ func TestChunksFewCreates(t *testing.T) {
 	}
 }
 
-// TestChunkKeptWhileANeighbourLives: a block freed next to a live one in
-// the same chunk leaves the chunk mapped through EmptyCache and the
-// release threshold; once both are free the chunk goes.
-func TestChunkKeptWhileANeighbourLives(t *testing.T) {
+// TestChunkSplitOnCarve: a wholly free chunk goes under the release
+// threshold; a block carved from a free chunk that would end inside it
+// splits it (the chunk is unmapped whole, after a sync, and the block
+// grows into the hole with a chunk of its own), so that no chunk is shared
+// by a live block and free memory: freeing one of two blocks gives its
+// memory back.
+func TestChunkSplitOnCarve(t *testing.T) {
 	cfg := chunkConfig(64 * mib)
 	cfg.ReleaseThreshold = 2 * mib
 	d := vmmtest.HostDriver(t, 1<<30)
@@ -70,17 +73,25 @@ func TestChunkKeptWhileANeighbourLives(t *testing.T) {
 	a2 := newAlloc(t, d, cfg)
 	whole, err = a2.Alloc(64*mib, 0)
 	require.NoError(t, err)
+	require.NoError(t, d.CopyHtoD(whole, make([]byte, 64*mib)))
 	require.NoError(t, a2.Free(whole)) // one free mapped chunk
+	syncs := a2.Stats().Syncs
 	x, err := a2.Alloc(30*mib, 0)
 	require.NoError(t, err)
+	require.Equal(t, whole, x, "x takes the freed chunk's place")
+	st := a2.Stats()
+	require.Equal(t, int64(1), st.Unmaps, "the chunk x would end inside, unmapped whole")
+	require.Equal(t, syncs+1, st.Syncs, "after waiting for its stream")
+	require.Equal(t, int64(2), st.PagesCreated, "x gets a chunk of its own")
+	require.Equal(t, int64(30*mib), st.ReservedBytes.All.Current, "the rest of the chunk went back")
 	y, err := a2.Alloc(30*mib, 0)
 	require.NoError(t, err)
-	require.Equal(t, int64(1), a2.Stats().PagesCreated, "both blocks in the one chunk")
+	require.Equal(t, int64(3), a2.Stats().PagesCreated)
+	require.Equal(t, 2, d.Usage().Mappings)
 	require.NoError(t, a2.Free(x))
 	require.NoError(t, a2.EmptyCache())
-	st := a2.Stats()
-	require.Equal(t, int64(64*mib), st.ReservedBytes.All.Current, "the chunk stays whole while y lives in it")
-	require.Zero(t, st.Unmaps)
+	st = a2.Stats()
+	require.Equal(t, int64(30*mib), st.ReservedBytes.All.Current, "x's chunk goes; y's stays")
 	require.Equal(t, 1, d.Usage().Mappings)
 	require.NoError(t, d.CopyHtoD(y, make([]byte, 30*mib)), "y is still mapped")
 	require.NoError(t, a2.Free(y))
@@ -88,6 +99,33 @@ func TestChunkKeptWhileANeighbourLives(t *testing.T) {
 	require.Zero(t, a2.Stats().ReservedBytes.All.Current)
 	require.Zero(t, d.Usage().Mappings)
 	require.Zero(t, d.Usage().Handles)
+}
+
+// TestChunksOnlyAtTheFrontier: a growth into a hole inside the segment
+// (opened by unmapping free pages) gets pages of its own, not a chunk;
+// one past everything mapped gets a chunk.
+func TestChunksOnlyAtTheFrontier(t *testing.T) {
+	cfg := chunkConfig(64 * mib)
+	d := vmmtest.HostDriver(t, 1<<30)
+	a := newAlloc(t, d, cfg)
+	first, err := a.Alloc(20*mib, 0)
+	require.NoError(t, err)
+	fence, err := a.Alloc(2*mib, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(first))
+	require.NoError(t, a.EmptyCache()) // a 20 MiB hole before fence
+	made := a.Stats().PagesCreated
+	again, err := a.Alloc(20*mib, 0)
+	require.NoError(t, err)
+	require.Equal(t, first, again, "back into the hole")
+	require.Equal(t, made+10, a.Stats().PagesCreated, "ten pages of their own inside the segment")
+	made = a.Stats().PagesCreated
+	past, err := a.Alloc(20*mib, 0)
+	require.NoError(t, err)
+	require.Equal(t, made+1, a.Stats().PagesCreated, "one chunk at the frontier")
+	for _, p := range []vmm.DevicePtr{again, fence, past} {
+		require.NoError(t, a.Free(p))
+	}
 }
 
 // TestChunksRecycle: under recycle_pages a growth past a freed chunk

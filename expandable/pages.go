@@ -157,7 +157,7 @@ func (p *pages) accessLocked() []vmm.AccessDesc {
 // what it mapped and keeps or releases the pages it took; pages whose
 // unmap failed too stay in the segment's books as stuck (see stuckRun).
 // Stuck pages in the run are unmapped first: mapping over them would fail.
-func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stats) error {
+func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size, whole uint64, st *core.Stats) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	sp := seg.Data.(*segPages)
@@ -171,7 +171,7 @@ func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stat
 		return fmt.Errorf("mapping %d pages at %v: %w", n, ptr, err)
 	}
 	if p.chunkPages(seg.Pool) > 1 {
-		return p.mapChunkedLocked(seg, first, n, st)
+		return p.mapChunkedLocked(seg, first, n, int(min(whole, size)/ps), st)
 	}
 	left, err := pagerun.MapFrom(p.d, ptr, ps, sp.handles[first:first+n], p.accessLocked(), pagerun.Source{
 		Take: func(int) (vmm.Handle, error) { return p.takePage(seg.Pool, st) },

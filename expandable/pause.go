@@ -54,7 +54,7 @@ func (p *pages) releasePage(pool core.Pool, h vmm.Handle) error {
 // given back with PauseRuns.
 func (p *pages) ResumeRuns(runs []core.Run, st *core.Stats) error {
 	for i, r := range runs {
-		if err := p.Map(r.Seg, r.Ptr, r.Size, st); err != nil {
+		if err := p.Map(r.Seg, r.Ptr, r.Size, r.Size, st); err != nil {
 			return errors.Join(err, p.PauseRuns(runs[:i], st))
 		}
 	}

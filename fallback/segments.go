@@ -69,7 +69,7 @@ func (s *segments) NewSegment(seg *core.Seg, size uint64, st *core.Stats) error 
 // block core never asks for it: a fallback segment is unmapped only when
 // wholly free and is then dropped at once, and the release threshold is
 // handled by the Allocator, not by the core. It fails with vmm.ErrInvalid.
-func (s *segments) Map(seg *core.Seg, ptr vmm.DevicePtr, size uint64, _ *core.Stats) error {
+func (s *segments) Map(seg *core.Seg, ptr vmm.DevicePtr, size, _ uint64, _ *core.Stats) error {
 	return fmt.Errorf("mapping %d bytes at %v: the plain allocation of segment %v was freed and cannot come back at its address: %w",
 		size, ptr, seg.Base, vmm.ErrInvalid)
 }

@@ -66,14 +66,20 @@ type Config struct {
 	// free memory is scattered across a range. The expandable allocator
 	// only.
 	RecyclePages bool
-	// ChunkBytes: a growth of the expandable allocator creates the pages
-	// the cache does not give it as physical allocations ("chunks") of up
-	// to this many bytes, a multiple of the pool's page size, each mapped
-	// with one Map, instead of one allocation a page. A chunk is unmapped
-	// only whole (the core rounds in to whole chunks) and released when
-	// unmapped, never cached. 0: off, one allocation a page. A prototype
-	// (docs/DESIGN.md, "Where the page policy goes next"): blocks on
-	// chunks cannot be pinned for sharing.
+	// ChunkBytes: a growth of the expandable allocator at the end of its
+	// range backs the pages that lie wholly inside the block it grows for
+	// with physical allocations ("chunks") of up to this many bytes, a
+	// multiple of the pool's page size, each mapped with one Map, instead
+	// of one allocation a page (the page the block ends in, which a later
+	// block may share, stays a page of its own; so do growths into holes
+	// inside the range). A chunk is unmapped only whole (the core rounds
+	// free ranges in to whole chunks) and released when unmapped, never
+	// cached. A block carved from a free chunk that would end inside it
+	// splits it first: the chunk is unmapped, after waiting for its
+	// stream, and the block grows into the hole, so that no chunk holds a
+	// live block and free memory at once. 0: off, one allocation a page.
+	// Blocks on chunks cannot be pinned for sharing yet (docs/DESIGN.md,
+	// "Where the page policy goes next").
 	ChunkBytes uint64
 	// OOMMaxRetries: after the cache has been emptied, retry this many
 	// times with exponential backoff from OOMDelay, for memory that other

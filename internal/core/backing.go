@@ -24,9 +24,12 @@ type Backing interface {
 	// its own state in seg.Data's siblings; the Backing may keep its own
 	// in seg.Data.
 	NewSegment(seg *Seg, size uint64, st *Stats) error
-	// Map makes the whole pages [ptr, ptr+size) of seg usable. On error
-	// nothing is mapped.
-	Map(seg *Seg, ptr vmm.DevicePtr, size uint64, st *Stats) error
+	// Map makes the whole pages [ptr, ptr+size) of seg usable. The first
+	// whole bytes (a multiple of the page size, at most size) lie wholly
+	// inside one block, which frees them together: a Backing may put them
+	// in one physical allocation (Config.ChunkBytes). On error nothing is
+	// mapped.
+	Map(seg *Seg, ptr vmm.DevicePtr, size, whole uint64, st *Stats) error
 	// Unmap gives back the whole pages [ptr, ptr+size) of seg; the Heap
 	// has waited for the work that may touch them. It returns how many
 	// bytes from ptr on it unmapped: all of them, or on error a prefix.

@@ -13,10 +13,65 @@ import (
 // fit among the coalesced free blocks, then new pages.
 func (h *Heap) findLocked(st *state, rs uint64) (*block, error) {
 	h.flush(st)
-	if b := st.bestFit(rs); b != nil {
-		return b, nil
+	for {
+		b := st.bestFit(rs)
+		if b == nil {
+			break
+		}
+		if h.bounds == nil || !h.splitChunkLocked(b, rs) {
+			return b, nil
+		}
 	}
 	return h.growLocked(st, rs)
+}
+
+// splitChunkLocked keeps a physical allocation of several pages (a chunk,
+// Config.ChunkBytes) from being shared by a block and free memory, where
+// no page of it could be unmapped or recycled until the block is freed:
+// if the block of rs bytes about to be carved from the start of free
+// block b would end inside a chunk that goes on past the page the block
+// ends in, it unmaps that chunk (waiting for the work that may touch it,
+// as any unmap of free pages does) and reports true; the caller looks for
+// room again, and the growth into the hole backs the block with pages
+// and chunks of its own. b is out of the free structures; it stays so
+// when nothing is unmapped. Nothing is split while a pool is active or in
+// a private pool (a capture forbids the wait; a graph addresses the
+// pages).
+func (h *Heap) splitChunkLocked(b *block, rs uint64) bool {
+	seg := b.seg
+	end := b.ptr.Add(rs)
+	if end >= b.end() || h.capturingLocked() || !seg.st.key.private.IsZero() {
+		return false
+	}
+	ps := seg.PageSize
+	last := int(uint64(end-1-seg.Base) / ps) // the page the block ends in
+	f, n := h.bounds.AllocBounds(seg, last)
+	lo, hi := seg.Base.Add(uint64(f)*ps), seg.Base.Add(uint64(f+n)*ps)
+	if n <= 1 || f+n <= last+1 || lo < b.ptr || hi > b.end() {
+		return false
+	}
+	b.seg.st.insertFree(b)
+	h.mu.stats.Syncs++
+	if err := h.syncStreamLocked(seg.Stream); err != nil {
+		h.log.Warn("xseg: synchronizing before splitting a physical allocation", "err", err)
+		b.seg.st.removeFree(b)
+		return false
+	}
+	if err := h.waitPendingLocked(func(x *block) bool { return x.seg == seg }); err != nil {
+		h.log.Warn("xseg: waiting for pending frees before splitting a physical allocation", "err", err)
+		b.seg.st.removeFree(b)
+		return false
+	}
+	n64, _, err := h.unmapSpanLocked(b, lo, hi)
+	if err != nil {
+		h.log.Warn("xseg: unmapping a physical allocation to split it", "err", err)
+	}
+	if n64 == 0 {
+		// Take b out again for the caller, as bestFit did.
+		b.seg.st.removeFree(b)
+		return false
+	}
+	return true
 }
 
 // growLocked maps new pages for rs bytes: at the lowest hole of st's
@@ -200,7 +255,15 @@ func (h *Heap) mapIntoLocked(hole *block, rs uint64) (*block, error) {
 	if err := h.limitLocked(size - min(size, h.back.CachedBytes(seg.Pool))); err != nil {
 		return nil, fmt.Errorf("mapping %d bytes at %v: %w", size, hole.ptr, err)
 	}
-	if err := h.back.Map(seg, hole.ptr, size, &h.mu.stats); err != nil {
+	// The pages before the one the block ends in are the block's alone;
+	// at the segment's frontier (nothing mapped past the hole) they may
+	// be one physical allocation. A hole inside the segment was opened by
+	// unmapping free pages, where sizes have turned over: it gets pages.
+	var whole uint64
+	if hole.next == nil {
+		whole = min(size, uint64(max(0, int64(growStart(hole).Add(rs)-hole.ptr)))/seg.PageSize*seg.PageSize)
+	}
+	if err := h.back.Map(seg, hole.ptr, size, whole, &h.mu.stats); err != nil {
 		h.syncReservedLocked() // the pages it took went back to the cache
 		return nil, fmt.Errorf("mapping %d bytes at %v: %w", size, hole.ptr, err)
 	}

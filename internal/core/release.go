@@ -194,11 +194,12 @@ func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, keep keepOut, synced, ex
 			continue
 		}
 		if exact && uint64(hi-lo) > budget-done {
-			// Down to a whole allocation: lo starts one already.
-			if lo, hi = seg.allocsIn(lo, lo.Add(budget-done)); hi <= lo {
-				b = b.next
-				continue
-			}
+			// Up to a whole allocation (lo starts one, hi ends one): a
+			// physical allocation larger than what is left of the budget
+			// goes whole, its excess back to the driver, rather than stay
+			// mapped in a free block while the heap grows elsewhere.
+			_, e := seg.allocsOut(lo, lo.Add(budget-done))
+			hi = min(hi, e)
 		}
 		n, next, err := h.unmapSpanLocked(b, lo, hi)
 		done += n
