@@ -20,6 +20,13 @@ func chunkConfig(chunk uint64) Config {
 	return cfg
 }
 
+// chunksRecycleConfig: recycle_pages with chunks of up to 16 MiB.
+func chunksRecycleConfig() Config {
+	cfg := recycleConfig(true)
+	cfg.ChunkBytes = 16 * mib
+	return cfg
+}
+
 // TestChunksFewCreates: a 200 MiB growth makes ceil(100 pages / 32) = 4
 // physical allocations (three chunks of 64 MiB and one of 8) with one Map
 // each and one SetAccess, where one a page makes 100; freed and emptied,

@@ -225,12 +225,14 @@ func runFaulty(t *testing.T, a *Allocator, streams []vmm.Stream, ops []byte) (fi
 
 // TestConcurrentStress: 8 goroutines allocate and free on 3 streams, with
 // record_stream and EmptyCache mixed in, under the default configuration
-// and under recycle_pages (growths that take other streams' free pages).
+// and under recycle_pages (growths that take other streams' free pages),
+// also with chunk_mb (growths in chunks, split when a block would end
+// inside a free one).
 func TestConcurrentStress(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		cfg  Config
-	}{{"default", DefaultConfig()}, {"recycle", recycleConfig(true)}} {
+	}{{"default", DefaultConfig()}, {"recycle", recycleConfig(true)}, {"chunks", chunksRecycleConfig()}} {
 		t.Run(tc.name, func(t *testing.T) { concurrentStress(t, tc.cfg) })
 	}
 }

@@ -23,9 +23,11 @@ func TestParseConfigIssueExample(t *testing.T) {
 }
 
 func TestParseConfigKeysAndAliases(t *testing.T) {
-	c, err := ParseConfig(DefaultConfig(), " small_page_mb:4 , small_limit_kb:512,page_cache_mb:0,OOM_SIZE_FACTOR:0.5,OOM_VERBOSE:true,shareable:1,OOM_MAX_RETRIES:2,OOM_DELAY_MS:7,recycle_pages:true")
+	c, err := ParseConfig(DefaultConfig(), " small_page_mb:4 , small_limit_kb:512,page_cache_mb:0,OOM_SIZE_FACTOR:0.5,OOM_VERBOSE:true,shareable:1,OOM_MAX_RETRIES:2,OOM_DELAY_MS:7,recycle_pages:true,chunk_mb:64")
 	require.NoError(t, err)
 	require.True(t, c.RecyclePages)
+	require.Equal(t, uint64(64*MiB), c.ChunkBytes)
+	require.Zero(t, DefaultConfig().ChunkBytes, "chunks are off by default")
 	require.False(t, DefaultConfig().RecyclePages)
 	require.Equal(t, uint64(4*MiB), c.SmallPageSize)
 	require.Equal(t, uint64(512*KiB), c.SmallLimit)
@@ -47,6 +49,8 @@ func TestParseConfigErrorsNameTheKey(t *testing.T) {
 		"OOM_MAX_RETRIES:z":   "OOM_MAX_RETRIES",
 		"small_limit_kb:4096": "small_limit_kb",
 		"large_page_mb":       "large_page_mb",
+		"chunk_mb:-1":         "chunk_mb",
+		"chunk_mb:1.5":        "chunk_mb",
 	} {
 		_, err := ParseConfig(DefaultConfig(), s)
 		require.ErrorContains(t, err, key, "parsing %q", s)
@@ -76,6 +80,8 @@ func TestParseConfigPageSizeBound(t *testing.T) {
 		"small_page_mb:17592186044416": "small_page_mb",
 		"small_page_mb:1048577":        "small_page_mb",
 		"page_cache_mb:17592186044416": "page_cache_mb",
+		"chunk_mb:1048577":             "chunk_mb",
+		"chunk_mb:17592186044416":      "chunk_mb",
 	} {
 		_, err := ParseConfig(DefaultConfig(), s)
 		require.ErrorContains(t, err, key, s)
