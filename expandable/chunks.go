@@ -134,16 +134,19 @@ func (p *pages) giveLocked(seg *core.Seg, lo, hi int, put func(core.Pool, vmm.Ha
 	return errors.Join(errs...)
 }
 
+// looseChunk is an unmapped chunk the driver failed to release, and its
+// size.
+type looseChunk struct {
+	h    vmm.Handle
+	size uint64
+}
+
 // releaseChunk releases an unmapped chunk of size bytes, or keeps it
 // loose (counted as cached) for ReleaseCache if the driver fails to.
 func (p *pages) releaseChunk(pool core.Pool, h vmm.Handle, size uint64) error {
 	if err := p.d.Release(h); err != nil {
-		if p.looseSize == nil {
-			p.looseSize = make(map[vmm.Handle]uint64)
-		}
-		p.loose[pool] = append(p.loose[pool], h)
+		p.loose[pool] = append(p.loose[pool], looseChunk{h, size})
 		p.looseBytes[pool] += size
-		p.looseSize[h] = size
 		return fmt.Errorf("releasing chunk %#x (kept for the next EmptyCache): %w", uint64(h), err)
 	}
 	return nil
@@ -154,18 +157,15 @@ func (p *pages) releaseChunk(pool core.Pool, h vmm.Handle, size uint64) error {
 func (p *pages) releaseLoose() error {
 	var errs []error
 	for pool := range p.loose {
-		keep := p.loose[pool][:0]
-		for _, h := range p.loose[pool] {
-			if err := p.d.Release(h); err != nil {
-				errs = append(errs, fmt.Errorf("releasing chunk %#x: %w", uint64(h), err))
-				keep = append(keep, h)
-				continue
+		var err error
+		p.loose[pool], err = releaseEach(p.loose[pool], func(c looseChunk) error {
+			if err := p.d.Release(c.h); err != nil {
+				return fmt.Errorf("releasing chunk %#x: %w", uint64(c.h), err)
 			}
-			p.looseBytes[pool] -= p.looseSize[h]
-			delete(p.looseSize, h)
-		}
-		clear(p.loose[pool][len(keep):])
-		p.loose[pool] = keep
+			p.looseBytes[pool] -= c.size
+			return nil
+		})
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

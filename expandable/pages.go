@@ -37,9 +37,8 @@ type pages struct {
 	hold uint64
 	// loose are unmapped chunks (Config.ChunkBytes) the driver failed to
 	// release, by pool: ReleaseCache tries again; they count as cached.
-	loose      [core.NumPools][]vmm.Handle
+	loose      [core.NumPools][]looseChunk
 	looseBytes [core.NumPools]uint64
-	looseSize  map[vmm.Handle]uint64 // each loose chunk's size
 
 	mu struct {
 		sync.Mutex
@@ -374,18 +373,32 @@ func (p *pages) ReleaseCache(_ *core.Stats) error {
 	p.mu.Unlock()
 	errs = append(errs, p.releaseLoose())
 	for pool := range p.cache {
-		keep := p.cache[pool][:0]
-		for _, h := range p.cache[pool] {
+		var err error
+		p.cache[pool], err = releaseEach(p.cache[pool], func(h vmm.Handle) error {
 			if err := p.d.Release(h); err != nil {
-				errs = append(errs, fmt.Errorf("releasing page %#x: %w", uint64(h), err))
-				keep = append(keep, h)
+				return fmt.Errorf("releasing page %#x: %w", uint64(h), err)
 			}
-		}
-		clear(p.cache[pool][len(keep):])
-		p.cache[pool] = keep
-		p.cacheBytes[pool] = uint64(len(keep)) * p.pageSize(core.Pool(pool))
+			return nil
+		})
+		errs = append(errs, err)
+		p.cacheBytes[pool] = uint64(len(p.cache[pool])) * p.pageSize(core.Pool(pool))
 	}
 	return errors.Join(errs...)
+}
+
+// releaseEach calls release on each of xs and returns, in place, those it
+// failed for (kept for a later try), with their errors joined.
+func releaseEach[T any](xs []T, release func(T) error) ([]T, error) {
+	var errs []error
+	keep := xs[:0]
+	for _, x := range xs {
+		if err := release(x); err != nil {
+			errs = append(errs, err)
+			keep = append(keep, x)
+		}
+	}
+	clear(xs[len(keep):])
+	return keep, errors.Join(errs...)
 }
 
 func roundUp(n, unit uint64) uint64 { return (n + unit - 1) / unit * unit }
