@@ -51,14 +51,8 @@ func (h *Heap) splitChunkLocked(b *block, rs uint64) bool {
 		return false
 	}
 	b.seg.st.insertFree(b)
-	h.mu.stats.Syncs++
-	if err := h.syncStreamLocked(seg.Stream); err != nil {
-		h.log.Warn("xseg: synchronizing before splitting a physical allocation", "err", err)
-		b.seg.st.removeFree(b)
-		return false
-	}
-	if err := h.waitPendingLocked(func(x *block) bool { return x.seg == seg }); err != nil {
-		h.log.Warn("xseg: waiting for pending frees before splitting a physical allocation", "err", err)
+	if err := h.quiesceLocked(seg, false); err != nil {
+		h.log.Warn("xseg: waiting before splitting a physical allocation", "err", err)
 		b.seg.st.removeFree(b)
 		return false
 	}

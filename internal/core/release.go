@@ -176,13 +176,7 @@ func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, keep keepOut, synced, ex
 	if !hasWholePage(seg, keep) {
 		return 0, nil
 	}
-	if !synced {
-		h.mu.stats.Syncs++
-		if err := h.syncStreamLocked(seg.Stream); err != nil {
-			return 0, fmt.Errorf("synchronizing stream %#x before unmapping: %w", uintptr(seg.Stream), err)
-		}
-	}
-	if err := h.waitPendingLocked(func(b *block) bool { return b.seg == seg }); err != nil {
+	if err := h.quiesceLocked(seg, synced); err != nil {
 		return 0, err
 	}
 	h.flush(seg.st)
@@ -209,6 +203,19 @@ func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, keep keepOut, synced, ex
 		b = next
 	}
 	return done, nil
+}
+
+// quiesceLocked waits for what may still touch seg's free pages before
+// they are unmapped: the work queued on its stream (unless synced: the
+// caller waited for the whole device) and its pending blocks.
+func (h *Heap) quiesceLocked(seg *Seg, synced bool) error {
+	if !synced {
+		h.mu.stats.Syncs++
+		if err := h.syncStreamLocked(seg.Stream); err != nil {
+			return fmt.Errorf("synchronizing stream %#x before unmapping: %w", uintptr(seg.Stream), err)
+		}
+	}
+	return h.waitPendingLocked(func(b *block) bool { return b.seg == seg })
 }
 
 // keepOut is what an unmap of free pages leaves mapped: the free blocks
