@@ -15,15 +15,22 @@ type Pin struct {
 	Device vmm.Device
 	// PageSize is the size of every page.
 	PageSize uint64
-	// Pages are the physical pages the block touches, in address order:
-	// the block rounded out to whole pages. Empty when Alloc is set.
+	// Pages are the physical allocations the block touches, in address
+	// order: the block rounded out to whole allocations. Empty when Alloc
+	// is set.
 	Pages []vmm.Handle
+	// Spans, when not nil, has one entry per entry of Pages: how many
+	// pages of PageSize that allocation holds (a chunk of the expandable
+	// allocator's Config.ChunkBytes holds several and is mapped only
+	// whole). Nil: every allocation is one page.
+	Spans []int
 	// Alloc, when not zero, is the base of the plain allocation
 	// (vmm.Driver.MemAlloc) that holds the block: the fallback allocator's
 	// segment. The pin then has no Pages; PageSize is the allocation's
 	// size, and Offset and Length place the block inside it.
 	Alloc vmm.DevicePtr
-	// Offset and Length place the block inside the pages.
+	// Offset and Length place the block inside the pages: Offset is from
+	// the start of the first allocation.
 	Offset, Length uint64
 	// Unpin lets the allocator reuse, unmap and release the pages again.
 	Unpin func() error
