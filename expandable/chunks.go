@@ -144,7 +144,7 @@ type looseChunk struct {
 // releaseChunk releases an unmapped chunk of size bytes, or keeps it
 // loose (counted as cached) for ReleaseCache if the driver fails to.
 func (p *pages) releaseChunk(pool core.Pool, h vmm.Handle, size uint64) error {
-	if err := p.d.Release(h); err != nil {
+	if err := p.release(h); err != nil {
 		p.loose[pool] = append(p.loose[pool], looseChunk{h, size})
 		p.looseBytes[pool] += size
 		return fmt.Errorf("releasing chunk %#x (kept for the next EmptyCache): %w", uint64(h), err)
@@ -159,7 +159,7 @@ func (p *pages) releaseLoose() error {
 	for pool := range p.loose {
 		var err error
 		p.loose[pool], err = releaseEach(p.loose[pool], func(c looseChunk) error {
-			if err := p.d.Release(c.h); err != nil {
+			if err := p.release(c.h); err != nil {
 				return fmt.Errorf("releasing chunk %#x: %w", uint64(c.h), err)
 			}
 			p.looseBytes[pool] -= c.size

@@ -159,22 +159,31 @@ func TestChunksRecycle(t *testing.T) {
 	require.NoError(t, a.Free(fence))
 }
 
-// TestChunksPinRefused: sharing does not export chunks yet.
-func TestChunksPinRefused(t *testing.T) {
+// TestChunkMinBytes: under chunk_min_mb only a growth whose block has at
+// least that much wholly inside its pages gets a chunk; a smaller one gets
+// a page each (its pin lists pages, no spans).
+func TestChunkMinBytes(t *testing.T) {
 	cfg := chunkConfig(64 * mib)
+	cfg.ChunkMinBytes = 8 * mib
 	cfg.Shareable = true
-	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), cfg)
-	p, err := a.Alloc(10*mib, 0)
+	d := vmmtest.HostDriver(t, 1<<30)
+	a := newAlloc(t, d, cfg)
+	small, err := a.Alloc(7*mib, 0) // 3 whole pages: 6 MiB
 	require.NoError(t, err)
-	_, err = a.PinBlock(p)
-	require.ErrorIs(t, err, vmm.ErrNotSupported)
-	require.ErrorContains(t, err, "chunk")
-	small, err := a.Alloc(2*mib, 0) // one page: a page of its own
-	require.NoError(t, err)
+	require.EqualValues(t, 4, a.Stats().PagesCreated, "below the minimum: a page each")
 	pin, err := a.PinBlock(small)
 	require.NoError(t, err)
-	pin.Unpin()
-	require.NoError(t, a.Free(p))
+	require.Nil(t, pin.Spans)
+	require.Len(t, pin.Pages, 4)
+	require.NoError(t, pin.Unpin())
+	big, err := a.Alloc(12*mib, 0) // starts in small's last page: 5 whole pages
+	require.NoError(t, err)
+	require.EqualValues(t, 4+2, a.Stats().PagesCreated, "at the minimum: one chunk and the last page")
+	pin, err = a.PinBlock(big)
+	require.NoError(t, err)
+	require.Equal(t, []int{1, 5, 1}, pin.Spans, "small's last page, the chunk, the block's own last page")
+	require.NoError(t, pin.Unpin())
+	require.NoError(t, a.Free(big))
 	require.NoError(t, a.Free(small))
 }
 

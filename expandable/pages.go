@@ -39,6 +39,8 @@ type pages struct {
 	// release, by pool: ReleaseCache tries again; they count as cached.
 	loose      [core.NumPools][]looseChunk
 	looseBytes [core.NumPools]uint64
+	// exports are the kept exports of shared allocations (exports.go).
+	exports exports
 
 	mu struct {
 		sync.Mutex
@@ -169,8 +171,8 @@ func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size, whole uint64, st *co
 	if err := p.unstickLocked(seg, first, first+n); err != nil {
 		return fmt.Errorf("mapping %d pages at %v: %w", n, ptr, err)
 	}
-	if p.chunkPages(seg.Pool) > 1 {
-		return p.mapChunkedLocked(seg, first, n, int(min(whole, size)/ps), st)
+	if whole = min(whole, size) / ps * ps; p.chunkPages(seg.Pool) > 1 && whole > 0 && whole >= p.cfg.ChunkMinBytes {
+		return p.mapChunkedLocked(seg, first, n, int(whole/ps), st)
 	}
 	left, err := pagerun.MapFrom(p.d, ptr, ps, sp.handles[first:first+n], p.accessLocked(), pagerun.Source{
 		Take: func(int) (vmm.Handle, error) { return p.takePage(seg.Pool, st) },
@@ -375,7 +377,7 @@ func (p *pages) ReleaseCache(_ *core.Stats) error {
 	for pool := range p.cache {
 		var err error
 		p.cache[pool], err = releaseEach(p.cache[pool], func(h vmm.Handle) error {
-			if err := p.d.Release(h); err != nil {
+			if err := p.release(h); err != nil {
 				return fmt.Errorf("releasing page %#x: %w", uint64(h), err)
 			}
 			return nil

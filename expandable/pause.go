@@ -41,7 +41,7 @@ func (p *pages) PauseRuns(runs []core.Run, st *core.Stats) error {
 // releasePage releases page h, or keeps it in the cache if the driver
 // fails to: ReleaseCache tries again.
 func (p *pages) releasePage(pool core.Pool, h vmm.Handle) error {
-	if err := p.d.Release(h); err != nil {
+	if err := p.release(h); err != nil {
 		p.cache[pool] = append(p.cache[pool], h)
 		p.cacheBytes[pool] += p.pageSize(pool)
 		return fmt.Errorf("releasing page %#x (kept in the cache): %w", uint64(h), err)

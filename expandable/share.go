@@ -32,34 +32,52 @@ func (a *Allocator) PinBlock(ptr vmm.DevicePtr) (handles.Pin, error) {
 	}
 	pin := handles.Pin{Device: a.dev}
 	unpin, err := a.heap.Pin(ptr, func(seg *core.Seg, b vmm.DevicePtr, size uint64) error {
-		ps := seg.PageSize
-		off := uint64(b-seg.Base) % ps
-		first := int(uint64(b-seg.Base) / ps)
-		n := int((off + size + ps - 1) / ps)
-		sp := seg.Data.(*segPages)
-		if first+n > len(sp.handles) {
-			return fmt.Errorf("pinning block %v: pages %d..%d not mapped: %w", b, first, first+n-1, vmm.ErrInvalid)
-		}
-		for i := first; i < first+n; i++ {
-			if _, ok := sp.chunkAt(i); ok {
-				return fmt.Errorf("pinning block %v: page %d is part of a chunk (chunk_mb), which sharing does not export yet: %w", b, i, vmm.ErrNotSupported)
-			}
-		}
-		pin.Pages = make([]vmm.Handle, n)
-		for i := range pin.Pages {
-			if pin.Pages[i] = sp.handles[first+i]; pin.Pages[i] == 0 {
-				return fmt.Errorf("pinning block %v: page %d not mapped: %w", b, first+i, vmm.ErrInvalid)
-			}
-		}
-		pin.PageSize, pin.Offset, pin.Length = ps, off, size
-		return nil
+		return pinPages(&pin, seg, b, size)
 	})
 	if err != nil {
 		return handles.Pin{}, err
 	}
+	pages := pin.Pages
+	pin.ExportFD = func(i int) (int, error) { return a.pages.exportFD(pages[i]) }
 	pin.Unpin = unpin
 	return pin, nil
 }
 
 // Pinned reports how many blocks are pinned by PinBlock now.
 func (a *Allocator) Pinned() int { return a.heap.Pinned() }
+
+// pinPages fills pin with the allocations behind the block [b, b+size) of
+// seg: its pages, each a page of its own or part of a chunk, rounded out
+// to whole allocations (the driver maps a chunk only whole, so importers
+// map all of it), with Spans where a chunk is among them.
+func pinPages(pin *handles.Pin, seg *core.Seg, b vmm.DevicePtr, size uint64) error {
+	ps := seg.PageSize
+	first := int(uint64(b-seg.Base) / ps)
+	last := int((uint64(b-seg.Base) + size - 1) / ps)
+	sp := seg.Data.(*segPages)
+	if last >= len(sp.handles) {
+		return fmt.Errorf("pinning block %v: pages %d..%d not mapped: %w", b, first, last, vmm.ErrInvalid)
+	}
+	start := first
+	if c, ok := sp.chunkAt(first); ok {
+		start = int(c.first)
+	}
+	chunked := false
+	for i := start; i <= last; {
+		h, n := sp.handles[i], 1
+		if c, ok := sp.chunkAt(i); ok {
+			n, chunked = int(c.first+c.n)-i, true
+		}
+		if h == 0 {
+			return fmt.Errorf("pinning block %v: page %d not mapped: %w", b, i, vmm.ErrInvalid)
+		}
+		pin.Pages = append(pin.Pages, h)
+		pin.Spans = append(pin.Spans, n)
+		i += n
+	}
+	if !chunked {
+		pin.Spans = nil
+	}
+	pin.PageSize, pin.Offset, pin.Length = ps, uint64(b-seg.Base)-uint64(start)*ps, size
+	return nil
+}

@@ -25,7 +25,8 @@ type BlockSource interface {
 // ShareBlock shares the live block at ptr of an allocator that implements
 // BlockSource over drv. It exports the pages as fabric handles when the
 // device can and every page allows it, and quietly falls back to posix fds
-// otherwise. A block of plain allocations (a Pin with Alloc set: the
+// otherwise; the fds come from the pin's ExportFD where the allocator
+// keeps its exports. A block of plain allocations (a Pin with Alloc set: the
 // fallback allocator) is shared as its whole allocation: a CUDA IPC handle
 // where the driver has legacy IPC, else the fd of the memory file that
 // holds it (the host backend); see shareAlloc. The share unpins the block
@@ -49,8 +50,12 @@ func (e *Exporter) ShareBlock(drv vmm.Driver, src BlockSource, ptr vmm.DevicePtr
 		}
 	}
 	fds := make([]*handles.FD, 0, len(pin.Pages))
-	for i, h := range pin.Pages {
-		raw, err := drv.ExportFD(h)
+	export := pin.ExportFD
+	if export == nil {
+		export = func(i int) (int, error) { return drv.ExportFD(pin.Pages[i]) }
+	}
+	for i := range pin.Pages {
+		raw, err := export(i)
 		var fd *handles.FD
 		if err == nil {
 			fd, err = handles.NewFD(raw)

@@ -44,39 +44,67 @@ func fetchSocket(ctx context.Context, d *handles.Descriptor) ([]*handles.FD, *ne
 // fds (the importer fetched them another way). It returns nil, nil when
 // the exporter serves no socket: there is nobody to hold a lease with.
 func takeLease(ctx context.Context, d *handles.Descriptor) (*net.UnixConn, error) {
+	p, err := askLease(ctx, d)
+	if err != nil || p == nil {
+		return nil, err
+	}
+	return p.await()
+}
+
+// A pendingLease is a lease-only request sent and not yet answered: the
+// importer maps the pages it fetched by pidfd while the exporter answers.
+type pendingLease struct {
+	conn *net.UnixConn
+	d    *handles.Descriptor
+	werr error // of sending the request
+}
+
+// askLease connects to d's endpoint, checks that the exporter's pid serves
+// it and sends a lease-only request, without waiting for the answer. It
+// returns nil, nil when the exporter serves no socket.
+func askLease(ctx context.Context, d *handles.Descriptor) (*pendingLease, error) {
 	if d.Endpoint == "" {
 		return nil, nil
 	}
-	conn, count, err := request(ctx, d, flagLeaseOnly)
+	conn, err := dial(ctx, d)
+	if err != nil {
+		return nil, fmt.Errorf("taking a lease on socket %q: %w", d.Endpoint, err)
+	}
+	// A failed send may have a refusal queued behind it: await reads
+	// that first (see exchange).
+	_, werr := conn.Write(encodeRequest(d.Token, flagLeaseOnly))
+	return &pendingLease{conn, d, werr}, nil
+}
+
+// await reads the answer to the lease request: the connection is then the
+// lease. On failure the connection is closed.
+func (p *pendingLease) await() (*net.UnixConn, error) {
+	count, err := readReply(p.conn, p.d, true)
+	if p.werr != nil && !errors.Is(err, ErrRefused) {
+		err = fmt.Errorf("sending request: %w", p.werr)
+	}
 	if err == nil && count != 0 {
 		err = fmt.Errorf("exporter offers %d fds to a lease-only request", count)
 	}
 	if err == nil {
-		err = conn.SetDeadline(time.Time{})
+		err = p.conn.SetDeadline(time.Time{})
 	}
 	if err != nil {
-		if conn != nil {
-			_ = conn.Close()
-		}
-		return nil, fmt.Errorf("taking a lease on socket %q: %w", d.Endpoint, err)
+		_ = p.conn.Close()
+		return nil, fmt.Errorf("taking a lease on socket %q: %w", p.d.Endpoint, err)
 	}
-	return conn, nil
+	return p.conn, nil
 }
 
 // request connects to d's endpoint, checks that the exporter's pid serves
 // it, sends a request with flags and reads the reply. It returns the open
 // connection and the number of fds that follow.
 func request(ctx context.Context, d *handles.Descriptor, flags byte) (*net.UnixConn, int, error) {
-	if d.Endpoint == "" {
-		return nil, 0, fmt.Errorf("exporter serves no socket: %w", vmm.ErrNotSupported)
-	}
-	var dialer net.Dialer
-	c, err := dialer.DialContext(ctx, "unixpacket", d.Endpoint)
+	conn, err := dial(ctx, d)
 	if err != nil {
 		return nil, 0, err
 	}
-	conn := c.(*net.UnixConn)
-	count, err := exchange(ctx, conn, d, flags)
+	count, err := exchange(conn, d, flags)
 	if err != nil {
 		_ = conn.Close()
 		return nil, 0, err
@@ -84,21 +112,38 @@ func request(ctx context.Context, d *handles.Descriptor, flags byte) (*net.UnixC
 	return conn, count, nil
 }
 
-func exchange(ctx context.Context, conn *net.UnixConn, d *handles.Descriptor, flags byte) (int, error) {
+// dial connects to d's endpoint, sets the exchange's deadline (ctx's, else
+// defaultTimeout from now) and checks that the exporter's pid serves it.
+func dial(ctx context.Context, d *handles.Descriptor) (*net.UnixConn, error) {
+	if d.Endpoint == "" {
+		return nil, fmt.Errorf("exporter serves no socket: %w", vmm.ErrNotSupported)
+	}
+	var dialer net.Dialer
+	c, err := dialer.DialContext(ctx, "unixpacket", d.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	conn := c.(*net.UnixConn)
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(defaultTimeout)
 	}
-	if err := conn.SetDeadline(deadline); err != nil {
-		return 0, err
+	err = conn.SetDeadline(deadline)
+	var cred *ucred
+	if err == nil {
+		cred, err = peerCred(conn)
 	}
-	cred, err := peerCred(conn)
+	if err == nil && int(cred.Pid) != d.ExporterPID {
+		err = fmt.Errorf("socket %q is served by pid %d, not the exporter pid %d: %w", d.Endpoint, cred.Pid, d.ExporterPID, ErrRefused)
+	}
 	if err != nil {
-		return 0, err
+		_ = conn.Close()
+		return nil, err
 	}
-	if int(cred.Pid) != d.ExporterPID {
-		return 0, fmt.Errorf("socket %q is served by pid %d, not the exporter pid %d: %w", d.Endpoint, cred.Pid, d.ExporterPID, ErrRefused)
-	}
+	return conn, nil
+}
+
+func exchange(conn *net.UnixConn, d *handles.Descriptor, flags byte) (int, error) {
 	_, werr := conn.Write(encodeRequest(d.Token, flags))
 	count, err := readReply(conn, d, flags&flagLeaseOnly != 0)
 	if werr != nil && !errors.Is(err, ErrRefused) {

@@ -17,7 +17,7 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 	if m.desc.Kind == handles.KindCUDAIPC {
 		return m.openCUDAIPC(ctx, dev, opts)
 	}
-	r, err := Fetch(ctx, m.desc, opts.Fetch)
+	r, err := fetch(ctx, m.desc, opts.Fetch, true)
 	if err != nil {
 		return err
 	}
@@ -45,6 +45,12 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 	// The imported handles keep the pages; the fds are no longer needed.
 	err = handles.CloseAll(r.FDs)
 	r.FDs = nil
+	if err == nil {
+		// Asked for after the fds were fetched, answered while they
+		// were mapped: nobody reads the pages before it is held.
+		err = r.awaitLease()
+		m.leased = r.Leased()
+	}
 	if err != nil {
 		return errors.Join(err, m.undo())
 	}

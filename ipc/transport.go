@@ -117,6 +117,23 @@ type Received struct {
 	// lease is the connection to the exporter's socket that keeps the
 	// share pinned there; nil when the exporter serves no socket.
 	lease *net.UnixConn
+	// pending is a lease asked for and not yet answered (pidfd: the
+	// importer maps while the exporter answers); awaitLease makes it the
+	// lease.
+	pending *pendingLease
+}
+
+// awaitLease waits for the answer to a pending lease request; it returns
+// nil at once when none is pending. On failure the caller closes r.
+func (r *Received) awaitLease() error {
+	if r.pending == nil {
+		return nil
+	}
+	p := r.pending
+	r.pending = nil
+	lease, err := p.await()
+	r.lease = lease
+	return err
 }
 
 // Leased reports whether r holds a lease on the exporter's share: the
@@ -131,6 +148,10 @@ func (r *Received) Close() error { return errors.Join(handles.CloseAll(r.FDs), r
 // EndLease ends r's lease, if it holds one, leaving its FDs open. It is
 // idempotent.
 func (r *Received) EndLease() error {
+	if r.pending != nil {
+		_ = r.pending.conn.Close()
+		r.pending = nil
+	}
 	if r.lease == nil {
 		return nil
 	}
@@ -149,6 +170,13 @@ func (r *Received) EndLease() error {
 // have been validated (ParseDescriptor does). Fetch is safe for concurrent
 // use; ctx bounds the socket exchange.
 func Fetch(ctx context.Context, d *handles.Descriptor, opts FetchOptions) (*Received, error) {
+	return fetch(ctx, d, opts, false)
+}
+
+// fetch is Fetch; with deferLease a pidfd fetch returns with its lease
+// asked for and not yet answered: the caller maps the pages meanwhile and
+// then calls awaitLease, and reads no byte of them before it succeeds.
+func fetch(ctx context.Context, d *handles.Descriptor, opts FetchOptions, deferLease bool) (*Received, error) {
 	if err := d.Validate(); err != nil {
 		return nil, err
 	}
@@ -159,6 +187,11 @@ func Fetch(ctx context.Context, d *handles.Descriptor, opts FetchOptions) (*Rece
 	var errs []error
 	for _, t := range order {
 		r, err := fetchVia(ctx, t, d)
+		if err == nil && !deferLease {
+			if err = r.awaitLease(); err != nil {
+				_ = r.Close()
+			}
+		}
 		if err == nil {
 			return r, nil
 		}
@@ -178,18 +211,19 @@ func fetchVia(ctx context.Context, t Transport, d *handles.Descriptor) (*Receive
 	return ts.fetch(ctx, d)
 }
 
-// fetchPidfdLeased takes the page fds with pidfd_getfd, then a lease on
-// the exporter's socket.
+// fetchPidfdLeased takes the page fds with pidfd_getfd, then asks for a
+// lease on the exporter's socket (Fetch waits for the answer; an Open
+// maps the pages first).
 func fetchPidfdLeased(ctx context.Context, d *handles.Descriptor) (*Received, error) {
 	fds, err := fetchPidfd(d)
 	if err != nil {
 		return nil, err
 	}
-	lease, err := takeLease(ctx, d)
+	pending, err := askLease(ctx, d)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("fetched the fds, but: %w", err), handles.CloseAll(fds))
 	}
-	return &Received{Via: TransportPidfd, FDs: fds, lease: lease}, nil
+	return &Received{Via: TransportPidfd, FDs: fds, pending: pending}, nil
 }
 
 // fetchSocketLeased asks the exporter's socket for the fds; the connection

@@ -78,9 +78,15 @@ type Config struct {
 	// splits it first: the chunk is unmapped, after waiting for its
 	// stream, and the block grows into the hole, so that no chunk holds a
 	// live block and free memory at once. 0: off, one allocation a page.
-	// Blocks on chunks cannot be pinned for sharing yet (docs/DESIGN.md,
-	// "Where the page policy goes next").
+	// Sharing a block on chunks exports each chunk whole (one fd, kept
+	// for as long as the chunk lives).
 	ChunkBytes uint64
+	// ChunkMinBytes: a growth uses chunks only when the pages wholly
+	// inside its block come to at least this many bytes; smaller growths
+	// get one allocation a page. It keeps the splitting (a stream wait
+	// and an unmap) to the rare large blocks, where a chunk saves the
+	// most maps and an importer the most imports. 0: any growth.
+	ChunkMinBytes uint64
 	// OOMMaxRetries: after the cache has been emptied, retry this many
 	// times with exponential backoff from OOMDelay, for memory that other
 	// processes hold; at most MaxOOMRetries. Each delay is capped at the
@@ -132,6 +138,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: small_limit_kb (%d bytes) must be at most the small page size %d", c.SmallLimit, c.SmallPageSize)
 	case c.ChunkBytes > TiB:
 		return fmt.Errorf("config: chunk_mb: a chunk of %d bytes is larger than 1 TiB (1048576 MiB): %w", c.ChunkBytes, vmm.ErrInvalid)
+	case c.ChunkMinBytes > TiB:
+		return fmt.Errorf("config: chunk_min_mb: %d bytes is more than 1 TiB (1048576 MiB): %w", c.ChunkMinBytes, vmm.ErrInvalid)
 	case c.OOMMaxRetries < 0 || c.OOMMaxRetries > MaxOOMRetries:
 		return fmt.Errorf("config: oom_max_retries %d is not in [0, %d]", c.OOMMaxRetries, MaxOOMRetries)
 	case c.OOMDelay < 0 || c.OOMWait < 0:
@@ -155,6 +163,7 @@ func (c Config) Validate() error {
 //	whole_pages                    WholePages (true/false/1/0)
 //	recycle_pages                  RecyclePages (true/false/1/0)
 //	chunk_mb                       ChunkBytes (MiB, 0 = off)
+//	chunk_min_mb                   ChunkMinBytes (MiB)
 //
 // and the seed allocator's names OOM_MAX_RETRIES, OOM_DELAY_MS,
 // OOM_SIZE_FACTOR and OOM_VERBOSE as aliases.
@@ -173,6 +182,7 @@ var configKeys = map[string]func(c *Config, v string) error{
 	"whole_pages":          boolean(func(c *Config) *bool { return &c.WholePages }),
 	"recycle_pages":        boolean(func(c *Config) *bool { return &c.RecyclePages }),
 	"chunk_mb":             mib(func(c *Config) *uint64 { return &c.ChunkBytes }, MiB),
+	"chunk_min_mb":         mib(func(c *Config) *uint64 { return &c.ChunkMinBytes }, MiB),
 }
 
 // envAliases are the seed allocator's names, accepted as keys of XSEG_CONF

@@ -55,6 +55,10 @@ type device struct {
 	posixFD bool
 	fabric  bool
 	rdma    bool
+	// info is DeviceInfo's answer, read from the driver once: none of it
+	// changes while the context is retained, and sharing asks for it on
+	// every share and open.
+	info atomic.Pointer[vmm.DeviceInfo]
 }
 
 var errClosed = fmt.Errorf("vmm/cuda: driver is closed: %w", vmm.ErrClosed)
@@ -210,6 +214,9 @@ func (d *Driver) DeviceInfo(dev vmm.Device) (vmm.DeviceInfo, error) {
 	if err != nil {
 		return vmm.DeviceInfo{}, err
 	}
+	if info := s.info.Load(); info != nil {
+		return *info, nil
+	}
 	info := vmm.DeviceInfo{Ordinal: dev, TotalMemory: s.total, VMM: s.vmm,
 		PosixFD: s.posixFD, Fabric: s.fabric, RDMAWithVMM: s.rdma}
 	if info.Name, err = d.sym.deviceGetName(s.cu); err != nil {
@@ -226,6 +233,7 @@ func (d *Driver) DeviceInfo(dev vmm.Device) (vmm.DeviceInfo, error) {
 			return vmm.DeviceInfo{}, fmt.Errorf("cuMemGetAllocationGranularity(%d, recommended): %w", dev, err)
 		}
 	}
+	s.info.Store(&info)
 	return info, nil
 }
 

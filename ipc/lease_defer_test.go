@@ -1,0 +1,59 @@
+//go:build linux
+
+package ipc
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
+)
+
+// TestOpenLeaseRefusedAfterMapping: an Open that fetched by pidfd maps the
+// pages while its lease request is answered; a refusal then undoes the
+// mapping (nothing held, no fd left) and Open fails with ErrRefused. An
+// Open the socket admits holds its lease when it returns.
+func TestOpenLeaseRefusedAfterMapping(t *testing.T) {
+	requirePidfd(t)
+	// The importer's driver first: its fd check runs after the
+	// exporter's allocator has closed (with its kept exports).
+	imp := vmmtest.NewFaulty(backendDriver(t, "host"))
+	exp := backendDriver(t, "host")
+	a := shareableAlloc(t, exp)
+	ptr, err := a.Alloc(1<<20, 0)
+	require.NoError(t, err)
+	base := vmmtest.TakeBaseline()
+	e := newExporter(t, ExporterOptions{refuse: func(*unix.Ucred) bool { return true }})
+	s, err := e.ShareBlock(exp, a, ptr)
+	require.NoError(t, err)
+	desc, err := s.MarshalBinary()
+	require.NoError(t, err)
+	_, err = Open(context.Background(), desc, imp, 0, OpenOptions{Fetch: FetchOptions{Transports: []Transport{TransportPidfd}}})
+	require.ErrorIs(t, err, ErrRefused)
+	require.Positive(t, imp.Calls(vmmtest.OpMap), "the pages were mapped before the answer came")
+	require.Zero(t, imp.Usage().Handles, "and undone")
+	require.NoError(t, s.Close())
+	require.NoError(t, e.Close())
+	require.NoError(t, a.Free(ptr))
+	require.NoError(t, a.EmptyCache(), "releasing the page closes its kept export")
+	require.Empty(t, base.Leaks(imp))
+	ptr, err = a.Alloc(1<<20, 0)
+	require.NoError(t, err)
+
+	e = newExporter(t, ExporterOptions{})
+	s, err = e.ShareBlock(exp, a, ptr)
+	require.NoError(t, err)
+	desc, err = s.MarshalBinary()
+	require.NoError(t, err)
+	m, err := Open(context.Background(), desc, imp, 0, OpenOptions{Fetch: FetchOptions{Transports: []Transport{TransportPidfd}}})
+	require.NoError(t, err)
+	require.True(t, m.Leased())
+	require.Equal(t, TransportPidfd, m.Via())
+	require.Equal(t, 1, s.Leases())
+	require.NoError(t, m.Close())
+	require.NoError(t, s.Close())
+	require.NoError(t, a.Free(ptr))
+}

@@ -1,0 +1,121 @@
+"""Where the time of a torch.multiprocessing share goes: a 1 GiB CUDA tensor
+put on a Queue, read in a spawned child, as python/gpu/dropin.py mp does,
+with the producer's share and the consumer's open timed inside the path.
+
+    python3 python/gpu/mp_breakdown.py            # native, then xseg under XSEG_CONF
+    python3 python/gpu/mp_breakdown.py xseg       # one mode
+
+Each round: put -> share start (the reducer's stream sync), share, share end
+-> rebuild start (pickling, the pipe, unpickling), open (xseg: open_block;
+native: rebuild_cuda_tensor whole), the rest of the rebuild, the first read.
+Medians of 5 rounds after a warm-up, in ms. Prints RESULT <json>.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+here = os.path.dirname(os.path.abspath(__file__))
+N = (1 << 30) // 4
+
+
+def _wrap(owner, name, log, key):
+    fn = getattr(owner, name)
+
+    def timed(*a, **k):
+        s = time.monotonic()
+        try:
+            return fn(*a, **k)
+        finally:
+            log.setdefault(key, []).append((s, time.monotonic()))
+    setattr(owner, name, timed)
+
+
+def _consumer(mode, q_in, q_out):
+    import torch
+    log = {}
+    if mode == "xseg":
+        import xseg._lib
+        import xseg._torch
+        _wrap(xseg._lib, "open_block", log, "open")
+        _wrap(xseg._torch, "_rebuild_tensor", log, "rebuild")
+    else:
+        import torch.multiprocessing.reductions as red
+        _wrap(red, "rebuild_cuda_tensor", log, "rebuild")
+    while True:
+        item = q_in.get()
+        if item is None:
+            return
+        t, t0, expect = item
+        first = t[-1].item()
+        t1 = time.monotonic()
+        ok = first == expect
+        d0 = time.monotonic()
+        del t, item
+        d1 = time.monotonic()
+        q_out.put({"t1": t1, "ok": ok, "log": dict(log), "drop_ms": (d1 - d0) * 1e3})
+        log.clear()
+
+
+def produce(mode):
+    os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    log = {}
+    if mode == "xseg":
+        sys.path.append(os.path.join(here, ".."))
+        import xseg
+        xseg.install()
+        import xseg._lib
+        _wrap(xseg._lib, "share_block", log, "share")
+    import torch
+    import torch.multiprocessing as tmp
+    ctx = tmp.get_context("spawn")
+    q_in, q_out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_consumer, args=(mode, q_in, q_out))
+    p.start()
+    rows = []
+    for i in range(6):
+        t = torch.full((N,), float(i + 1), device="cuda")
+        torch.cuda.synchronize()
+        log.clear()
+        t0 = time.monotonic()
+        q_in.put((t, t0, float(i + 1)))
+        r = q_out.get(timeout=120)
+        del t
+        if i == 0:
+            continue
+        ms = lambda a, b: (b - a) * 1e3  # noqa: E731
+        row = {"total": ms(t0, r["t1"]), "ok": r["ok"], "drop": r["drop_ms"]}
+        reb = r["log"].get("rebuild", [(t0, t0)])[0]
+        if "share" in log:
+            s0, s1 = log["share"][0]
+            row.update(to_share=ms(t0, s0), share=ms(s0, s1), to_rebuild=ms(s1, reb[0]))
+        else:
+            row.update(to_rebuild=ms(t0, reb[0]))
+        if "open" in r["log"]:
+            o0, o1 = r["log"]["open"][0]
+            row.update(before_open=ms(reb[0], o0), open=ms(o0, o1), after_open=ms(o1, reb[1]))
+        row.update(rebuild=ms(*reb), read=ms(reb[1], r["t1"]))
+        rows.append(row)
+    q_in.put(None)
+    p.join(60)
+    keys = [k for k in rows[0] if k != "ok"]
+    med = {k: round(statistics.median(r[k] for r in rows), 3) for k in keys}
+    print("RESULT " + json.dumps({"mode": mode, "conf": os.environ.get("XSEG_CONF", ""), "median_ms": med,
+                                  "all_ok": all(r["ok"] for r in rows), "exit": p.exitcode}))
+
+
+def main():
+    modes = sys.argv[1:] or ["native", "xseg"]
+    for m in modes:
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", m], capture_output=True, text=True)
+        lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+        print(lines[-1] if lines else f"{m} failed ({out.returncode}): {out.stderr[-3000:]}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--one":
+        produce(sys.argv[2])
+    else:
+        main()
