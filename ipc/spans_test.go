@@ -259,3 +259,46 @@ func TestOpenSpansChecksFits(t *testing.T) {
 	require.ErrorContains(t, err, "5 pages")
 	require.False(t, errors.Is(err, ErrNotOffered))
 }
+
+// TestShareExtentSpans: ShareFabric and ShareFDs put Extent.Spans in the
+// descriptor (all ones as none), and refuse spans that do not match the
+// handles or the block.
+func TestShareExtentSpans(t *testing.T) {
+	requireNoFDLeak(t)
+	e := newExporter(t, ExporterOptions{})
+	fabs := []handles.Fabric{{1}, {2}}
+	ext := Extent{PageSize: spanPS, Spans: []int{3, 1}, Offset: 5 << 20, Length: 2 << 20}
+	s, err := e.ShareFabric(fabs, ext, nil)
+	require.NoError(t, err)
+	ext.Spans[0] = 7 // the share keeps its own copy
+	d := s.Descriptor()
+	require.Equal(t, []int{3, 1}, d.Spans)
+	d.Spans[1] = 9
+	require.Equal(t, []int{3, 1}, s.Descriptor().Spans, "Descriptor returns a copy")
+	b, err := s.MarshalBinary()
+	require.NoError(t, err)
+	require.EqualValues(t, handles.Version, b[4])
+	require.NoError(t, s.Close())
+
+	s, err = e.ShareFabric(fabs, Extent{PageSize: spanPS, Spans: []int{1, 1}, Offset: 1 << 20, Length: 2 << 20}, nil)
+	require.NoError(t, err)
+	require.Nil(t, s.Descriptor().Spans, "spans of one page each are none")
+	require.NoError(t, s.Close())
+
+	for name, ext := range map[string]Extent{
+		"fewer spans":         {PageSize: spanPS, Spans: []int{3}, Offset: 5 << 20, Length: 1 << 20},
+		"zero span":           {PageSize: spanPS, Spans: []int{0, 1}, Offset: 0, Length: 1 << 20},
+		"offset past first":   {PageSize: spanPS, Spans: []int{1, 3}, Offset: 2 << 20, Length: 5 << 20},
+		"block short of last": {PageSize: spanPS, Spans: []int{1, 3}, Offset: 0, Length: 2 << 20},
+	} {
+		t.Run(name, func(t *testing.T) {
+			released := 0
+			_, err := e.ShareFabric(fabs, ext, func() error { released++; return nil })
+			require.ErrorIs(t, err, vmm.ErrInvalid)
+			require.Equal(t, 1, released, "a refused share releases")
+			pages := makePages(t, 2, spanPS)
+			_, err = e.ShareFDs(pages, ext, nil)
+			require.ErrorIs(t, err, vmm.ErrInvalid, "and closes its fds")
+		})
+	}
+}
