@@ -67,13 +67,14 @@ func (t Token) Equal(u Token) bool { return subtle.ConstantTimeCompare(t[:], u[:
 // IsZero reports whether t is all zeroes (never a token NewToken makes).
 func (t Token) IsZero() bool { return t == Token{} }
 
-// Limits of the wire format (versions 1 and 2).
+// Limits of the wire format.
 const (
 	// MinPageSize and MaxPageSize bound Descriptor.PageSize, which is a
 	// multiple of MinPageSize.
 	MinPageSize = 1 << 12
 	MaxPageSize = 1 << 40
-	// MaxPages bounds Descriptor.PageCount.
+	// MaxPages bounds the pages of a descriptor: Descriptor.PageCount,
+	// and the pages its allocations hold in all (Descriptor.Spans).
 	MaxPages = 1 << 20
 	// MaxEndpoint bounds the length of Descriptor.Endpoint: a Unix socket
 	// path (sun_path holds 108 bytes with its terminating NUL).
@@ -87,10 +88,14 @@ const (
 // (MarshalBinary, ParseDescriptor) is what an exporter hands out and an
 // importer receives from any channel; the importer treats it as untrusted.
 //
-// The pages are exactly the pages the block touches, rounded out: Offset is
-// less than PageSize and the block reaches into the last page. Page i of the
-// range is PageFDs[i] (exporter's fd numbers, KindPosixFD) or Fabric[i]
-// (KindFabric); a KindCUDAIPC descriptor has one page, named by IPC.
+// The handles name physical allocations, in address order: each holds one
+// page of PageSize, or, where Spans is set, Spans[i] pages (an allocation
+// the driver maps only whole, as the expandable allocator's chunks). They
+// are exactly the allocations the block touches, rounded out: the block
+// starts inside the first allocation (Offset is less than its bytes) and
+// reaches into the last one. Allocation i of the range is PageFDs[i]
+// (exporter's fd numbers, KindPosixFD) or Fabric[i] (KindFabric); a
+// KindCUDAIPC descriptor has one page, named by IPC, and no spans.
 //
 // A Descriptor is a plain value; it is not safe for concurrent mutation.
 type Descriptor struct {
@@ -104,9 +109,18 @@ type Descriptor struct {
 	// PageSize is the size of every page, a multiple of MinPageSize (the
 	// allocator's large pages are 20 MiB: not a power of two).
 	PageSize uint64
-	// PageCount is the number of pages.
+	// PageCount is the number of handles: of allocations, each one page
+	// unless Spans says otherwise.
 	PageCount int
-	// Offset and Length place the shared block inside the pages.
+	// Spans, when not nil, has PageCount entries: how many pages of
+	// PageSize allocation i holds (at least one; MaxPages in all). An
+	// importer maps each allocation whole. Nil: every allocation is one
+	// page. A descriptor with spans is written as wire version 3; one whose
+	// spans are all 1 is written as if they were nil. KindPosixFD and
+	// KindFabric only; with fd numbers it needs an authentication fd.
+	Spans []int
+	// Offset and Length place the shared block inside the pages: Offset is
+	// from the start of the first allocation.
 	Offset, Length uint64
 	// Endpoint names the exporter's Unix socket: "@name" for an abstract
 	// socket, else a filesystem path; empty when it serves none.
@@ -131,6 +145,39 @@ type Descriptor struct {
 	AuthFD  int
 }
 
-// Bytes returns PageSize*PageCount, the size of the shared extent. Call it
-// on a validated descriptor only.
-func (d *Descriptor) Bytes() uint64 { return d.PageSize * uint64(d.PageCount) }
+// Bytes returns PageSize times TotalPages, the size of the shared extent.
+// Call it on a validated descriptor only.
+func (d *Descriptor) Bytes() uint64 { return d.PageSize * uint64(d.TotalPages()) }
+
+// TotalPages returns the pages of PageSize the allocations hold in all:
+// PageCount without spans. Call it on a validated descriptor only.
+func (d *Descriptor) TotalPages() int {
+	if d.Spans == nil {
+		return d.PageCount
+	}
+	n := 0
+	for _, s := range d.Spans {
+		n += s
+	}
+	return n
+}
+
+// Span returns how many pages allocation i holds: Spans[i], or 1 without
+// spans.
+func (d *Descriptor) Span(i int) int {
+	if d.Spans == nil {
+		return 1
+	}
+	return d.Spans[i]
+}
+
+// NormalSpans returns spans as a descriptor carries them: nil when every
+// allocation is one page (or there are none), else a copy.
+func NormalSpans(spans []int) []int {
+	for _, s := range spans {
+		if s != 1 {
+			return append([]int(nil), spans...)
+		}
+	}
+	return nil
+}

@@ -16,16 +16,21 @@
 // random token, and the handles themselves where they can travel as bytes
 // (fabric handles; for POSIX fds, the exporter's fd numbers for
 // pidfd_getfd, with the fd number of the share's authentication memfd that
-// vouches for them: see [NewAuth]). [Descriptor.MarshalBinary] writes
-// version 2 of the wire format for a descriptor with an authentication fd
-// and version 1, which older readers read, for any other (see wire.go for
-// the layout); [ParseDescriptor] reads both.
+// vouches for them: see [NewAuth]). Each handle names one physical
+// allocation: one page, or, where the descriptor has spans
+// ([Descriptor.Spans]), the several pages of an allocation that is mapped
+// only whole (the expandable allocator's chunks).
+// [Descriptor.MarshalBinary] writes version 3 of the wire format for a
+// descriptor with spans, version 2 for one with an authentication fd and
+// no spans, and version 1, which older readers read, for any other (see
+// wire.go for the layout); [ParseDescriptor] reads all three.
 //
 // Descriptors arrive from other processes, so ParseDescriptor treats its
 // input as hostile: it checks every length before reading, every count
 // before allocating, every field against the others (page size a multiple
-// of 4 KiB, the block inside the pages without overflow, the pages exactly the
-// block rounded out, handle counts matching the page count), rejects
+// of 4 KiB, the block inside the pages without overflow, the allocations
+// exactly the block rounded out, handle and span counts matching the page
+// count, spans of at least one page and MaxPages in all), rejects
 // unknown versions and trailing bytes, and answers every failure with an
 // error wrapping vmm.ErrInvalid. It never panics; FuzzParseDescriptor
 // checks that, and that parse, marshal, parse gives the same bytes and the

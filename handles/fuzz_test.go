@@ -15,7 +15,8 @@ import (
 func FuzzParseDescriptor(f *testing.F) {
 	noFDs := validPosix()
 	noFDs.PageFDs = nil
-	for _, d := range []*Descriptor{validPosix(), noFDs, validFabric(), validCUDAIPC(), validAuthed()} {
+	for _, d := range []*Descriptor{validPosix(), noFDs, validFabric(), validCUDAIPC(), validAuthed(),
+		validSpans(), validFabricSpans(), validSocketSpans()} {
 		b, err := d.MarshalBinary()
 		if err != nil {
 			f.Fatal(err)

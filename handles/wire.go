@@ -10,28 +10,31 @@ import (
 	"github.com/xseg-dev/xseg/vmm"
 )
 
-// Wire format, versions 1 and 2. All integers are little endian; fields
+// Wire format, versions 1 to 3. All integers are little endian; fields
 // appear in exactly this order and nothing follows the last one:
 //
 //	off  size  field
 //	  0     4  magic "XSGD"
-//	  4     2  version (1 or 2)
+//	  4     2  version (1, 2 or 3)
 //	  6     2  kind (1 posix-fd, 2 fabric, 3 cuda-ipc)
 //	  8     4  exporter pid
 //	 12    16  device UUID
 //	 28     8  page size
-//	 36     4  page count
+//	 36     4  page count c (of handles: of allocations)
 //	 40     8  offset of the block in the pages
 //	 48     8  length of the block
 //	 56    16  token
 //	 72     2  endpoint length n (<= 107)
 //	 74     n  endpoint bytes
-//	74+n    4  handle count c
-//	78+n     c handles: int32 fd numbers (posix-fd), 64-byte fabric handles,
+//	74+n    4  handle count h (c, or 0 for posix-fd without fd numbers)
+//	78+n     h handles: int32 fd numbers (posix-fd), 64-byte fabric handles,
 //	         or one 64-byte CUDA IPC handle (cuda-ipc; page count 1)
-//	         version 2 only:
+//	         version 2, and version 3 with fd numbers:
 //	  ...   4  the exporter's fd number of the share's authentication
 //	         memfd (see auth.go); posix-fd with fd numbers only
+//	         version 3 only:
+//	  ...  4c  the spans: uint32 pages of page size each allocation holds,
+//	         each at least 1, at most MaxPages in all, not all 1
 //
 // Kind 3 was added without a new version: the layout is unchanged, and a
 // reader that predates it refuses the descriptor as of an unknown kind.
@@ -40,15 +43,22 @@ import (
 // at that number now). A descriptor with one is written as version 2, so
 // that a reader that predates it refuses it instead of trusting bare fd
 // numbers; every other descriptor is still written as version 1, which
-// older readers read as before. This package reads both; a version-1
-// descriptor with fd numbers parses (the socket transport serves it), and
-// the importer's pidfd transport refuses it.
+// older readers read as before. Version 3 adds the spans, for allocations
+// of several pages: written only for a descriptor with spans (posix-fd or
+// fabric), which a reader that predates it must refuse, for it would map
+// one page of each allocation at the wrong places. A version-3 descriptor
+// with fd numbers always carries its authentication fd. This package reads
+// all three; a version-1 descriptor with fd numbers parses (the socket
+// transport serves it), and the importer's pidfd transport refuses it.
 const (
 	// Version is the newest wire format version this package writes and
-	// reads.
-	Version = 2
+	// reads: a descriptor with spans.
+	Version = 3
+	// VersionAuth is the version of a descriptor with an authentication
+	// fd and without spans.
+	VersionAuth = 2
 	// VersionNoAuth is the version of a descriptor without an
-	// authentication fd.
+	// authentication fd and without spans.
 	VersionNoAuth = 1
 	magic         = "XSGD"
 	headerSize    = 74
@@ -60,7 +70,8 @@ func (d *Descriptor) MarshalBinary() ([]byte, error) {
 		return nil, err
 	}
 	le := binary.LittleEndian
-	b := make([]byte, 0, headerSize+len(d.Endpoint)+4+len(d.PageFDs)*4+len(d.Fabric)*64+4)
+	spans := NormalSpans(d.Spans)
+	b := make([]byte, 0, headerSize+len(d.Endpoint)+4+len(d.PageFDs)*4+len(d.Fabric)*64+4+len(spans)*4)
 	b = append(b, magic...)
 	b = le.AppendUint16(b, d.version())
 	b = le.AppendUint16(b, uint16(d.Kind))
@@ -86,13 +97,19 @@ func (d *Descriptor) MarshalBinary() ([]byte, error) {
 	if d.HasAuth {
 		b = le.AppendUint32(b, uint32(d.AuthFD))
 	}
+	for _, n := range spans {
+		b = le.AppendUint32(b, uint32(n))
+	}
 	return b, nil
 }
 
-// version is the wire version d is written in: 2 only when it needs it.
+// version is the wire version d is written in: the oldest that holds it.
 func (d *Descriptor) version() uint16 {
-	if d.HasAuth {
+	switch {
+	case NormalSpans(d.Spans) != nil:
 		return Version
+	case d.HasAuth:
+		return VersionAuth
 	}
 	return VersionNoAuth
 }
@@ -107,8 +124,8 @@ func ParseDescriptor(b []byte) (*Descriptor, error) {
 		return nil, invalid("bad magic %q", m)
 	}
 	v := r.u16()
-	if r.err == nil && v != Version && v != VersionNoAuth {
-		return nil, invalid("unknown version %d (this build reads %d and %d)", v, VersionNoAuth, Version)
+	if r.err == nil && (v < VersionNoAuth || v > Version) {
+		return nil, invalid("unknown version %d (this build reads %d to %d)", v, VersionNoAuth, Version)
 	}
 	d := &Descriptor{Kind: Kind(r.u16()), ExporterPID: int(r.u32())}
 	copy(d.DeviceUUID[:], r.bytes(16))
@@ -128,10 +145,15 @@ func ParseDescriptor(b []byte) (*Descriptor, error) {
 	if err := d.readHandles(&r, n); err != nil {
 		return nil, err
 	}
-	if v == Version {
+	if v == VersionAuth || v == Version && d.Kind == KindPosixFD && n > 0 {
 		d.AuthFD, d.HasAuth = int(int32(r.u32())), true
 		if r.err != nil {
 			return nil, r.err
+		}
+	}
+	if v == Version {
+		if err := d.readSpans(&r); err != nil {
+			return nil, err
 		}
 	}
 	if len(r.b) != 0 {
@@ -168,6 +190,23 @@ func (d *Descriptor) readHandles(r *reader, n int) error {
 		}
 	case KindCUDAIPC:
 		copy(d.IPC[:], r.bytes(64))
+	}
+	return r.err
+}
+
+// readSpans reads the PageCount spans of a version-3 descriptor.
+func (d *Descriptor) readSpans(r *reader) error {
+	if len(r.b)/4 < d.PageCount {
+		return invalid("truncated: %d spans need %d bytes, %d left", d.PageCount, 4*d.PageCount, len(r.b))
+	}
+	d.Spans = make([]int, d.PageCount)
+	for i := range d.Spans {
+		// Above MaxPages (and negative where int is 32 bits): Validate
+		// refuses it.
+		d.Spans[i] = int(min(r.u32(), MaxPages+1))
+	}
+	if NormalSpans(d.Spans) == nil {
+		return invalid("version %d descriptor whose allocations are all one page (written as version %d or %d)", Version, VersionNoAuth, VersionAuth)
 	}
 	return r.err
 }
@@ -224,6 +263,9 @@ func (d *Descriptor) Validate() error {
 	if d.foreignHandles() {
 		return invalid("%s descriptor carries handles of another kind", d.Kind)
 	}
+	if err := d.validateSpans(); err != nil {
+		return err
+	}
 	if err := d.validateExtent(); err != nil {
 		return err
 	}
@@ -278,23 +320,55 @@ func (d *Descriptor) foreignHandles() bool {
 	return false
 }
 
-// validateExtent checks that [Offset, Offset+Length) lies in the pages
-// without overflow and that the pages are the block rounded out.
-func (d *Descriptor) validateExtent() error {
-	hi, total := bits.Mul64(d.PageSize, uint64(d.PageCount))
-	if hi != 0 {
-		return invalid("%d pages of %d bytes overflow", d.PageCount, d.PageSize)
+// validateSpans checks the spans against the kind, the handle count and
+// MaxPages. Called after validateHandleCount: PageCount is in 1..MaxPages.
+func (d *Descriptor) validateSpans() error {
+	if d.Spans == nil {
+		return nil
 	}
+	switch {
+	case d.Kind != KindPosixFD && d.Kind != KindFabric:
+		return invalid("%s descriptor with spans: it names one allocation", d.Kind)
+	case len(d.Spans) != d.PageCount:
+		return invalid("%d spans for %d allocations", len(d.Spans), d.PageCount)
+	}
+	var total uint64
+	for i, s := range d.Spans {
+		if s < 1 || s > MaxPages {
+			return invalid("allocation %d spans %d pages: want 1..%d", i, s, MaxPages)
+		}
+		if total += uint64(s); total > MaxPages {
+			return invalid("allocations of more than %d pages in all", MaxPages)
+		}
+	}
+	if len(d.PageFDs) != 0 && !d.HasAuth && NormalSpans(d.Spans) != nil {
+		return invalid("fd numbers with spans but without an authentication fd")
+	}
+	return nil
+}
+
+// validateExtent checks that [Offset, Offset+Length) lies in the pages
+// without overflow and that the allocations are the block rounded out: it
+// starts inside the first and reaches into the last. Called after
+// validateSpans.
+func (d *Descriptor) validateExtent() error {
+	hi, total := bits.Mul64(d.PageSize, uint64(d.TotalPages()))
+	if hi != 0 {
+		return invalid("%d pages of %d bytes overflow", d.TotalPages(), d.PageSize)
+	}
+	// Spans are at most MaxPages: the allocations' bytes fit as total does.
+	first := d.PageSize * uint64(d.Span(0))
+	last := d.PageSize * uint64(d.Span(d.PageCount-1))
 	end, carry := bits.Add64(d.Offset, d.Length, 0)
 	switch {
 	case d.Length == 0:
 		return invalid("zero length")
 	case carry != 0 || end > total:
-		return invalid("block [%d, +%d) outside %d pages of %d bytes", d.Offset, d.Length, d.PageCount, d.PageSize)
-	case d.Offset >= d.PageSize:
-		return invalid("offset %d skips a whole page of %d bytes", d.Offset, d.PageSize)
-	case end <= total-d.PageSize:
-		return invalid("block ends at %d, before the last of %d pages", end, d.PageCount)
+		return invalid("block [%d, +%d) outside %d pages of %d bytes", d.Offset, d.Length, d.TotalPages(), d.PageSize)
+	case d.Offset >= first:
+		return invalid("offset %d skips the whole first allocation of %d bytes", d.Offset, first)
+	case end <= total-last:
+		return invalid("block ends at %d, before the last of %d allocations", end, d.PageCount)
 	}
 	return nil
 }

@@ -115,9 +115,15 @@ func TestParseRejectsFraming(t *testing.T) {
 	good := requireTruncationsRejected(t, validFabric())
 
 	bad := append([]byte(nil), good...)
-	bad[4] = 3
+	bad[4] = 4
 	_, err := ParseDescriptor(bad)
-	require.ErrorContains(t, err, "unknown version 3")
+	require.ErrorContains(t, err, "unknown version 4")
+	bad[4] = 0
+	_, err = ParseDescriptor(bad)
+	require.ErrorContains(t, err, "unknown version 0")
+	bad[4] = 3
+	_, err = ParseDescriptor(bad)
+	require.ErrorContains(t, err, "truncated", "version 3 without its spans")
 	bad[4] = 2
 	_, err = ParseDescriptor(bad)
 	require.ErrorIs(t, err, vmm.ErrInvalid, "version 2 without its authentication fd")
@@ -184,6 +190,11 @@ func marshalUnchecked(d *Descriptor) []byte {
 	}
 	if d.HasAuth {
 		b = le.AppendUint32(b, uint32(d.AuthFD))
+	}
+	if d.version() == Version {
+		for _, n := range d.Spans {
+			b = le.AppendUint32(b, uint32(n))
+		}
 	}
 	return b
 }

@@ -40,7 +40,7 @@ func (e *Exporter) ShareBlock(drv vmm.Driver, src BlockSource, ptr vmm.DevicePtr
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("sharing block %v: %w", ptr, err), unpin(pin))
 	}
-	ext := Extent{DeviceUUID: info.UUID, PageSize: pin.PageSize, Offset: pin.Offset, Length: pin.Length}
+	ext := Extent{DeviceUUID: info.UUID, PageSize: pin.PageSize, Spans: pin.Spans, Offset: pin.Offset, Length: pin.Length}
 	if pin.Alloc != 0 {
 		return e.shareAlloc(drv, pin, ext)
 	}

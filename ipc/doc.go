@@ -74,9 +74,12 @@
 // [Importer.Open]: it refuses a shared extent larger than the importing
 // device's memory (vmm.ErrInvalid: the format allows 2^60 bytes, and the
 // extent is reserved whole), fetches the pages, reserves exactly the
-// shared extent (page count times page size, not the device's memory),
-// imports each page into the driver, maps the pages and grants the device
-// access with one SetAccess. Opens of one descriptor through one importer
+// shared extent (its pages times page size, not the device's memory),
+// imports each handle into the driver, maps each whole (a handle names a
+// physical allocation: one page, or, where the descriptor has spans, the
+// several pages of an allocation the driver maps only whole, as the
+// expandable allocator's chunks) and grants the device access with one
+// SetAccess. Opens of one descriptor through one importer
 // for one device share one mapping, counted by reference; the last
 // [Mapping.Close] unmaps, releases, unreserves and ends the lease. A
 // mapping stays valid after the exporter exits. [Open] opens through an
@@ -85,7 +88,8 @@
 // # What an importer can reach
 //
 // Pages are the unit of sharing: a share exposes every page its block
-// touches, read-write unless the importer asks for less
+// touches (every physical allocation: all the pages of a chunk of several),
+// read-write unless the importer asks for less
 // ([OpenOptions].Access vmm.AccessRead maps it read-only). A 4 KiB block
 // of the small pool exposes its whole 2 MiB page, neighbouring blocks
 // included; a block of the fallback allocator exposes its whole segment

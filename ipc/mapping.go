@@ -10,9 +10,9 @@ import (
 	"github.com/xseg-dev/xseg/vmm"
 )
 
-// open does Open's work for m: fetch, reserve, then import every page,
-// map them and set access (pagerun.MapFrom). On failure it has undone
-// everything.
+// open does Open's work for m: fetch, reserve, then import every
+// allocation, map each whole and set access (pagerun.MapSpans). On failure
+// it has undone everything.
 func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) error {
 	if m.desc.Kind == handles.KindCUDAIPC {
 		return m.openCUDAIPC(ctx, dev, opts)
@@ -37,7 +37,7 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 		n = len(r.Fabric)
 	}
 	m.pages = make([]vmm.Handle, n)
-	m.nmapped, err = pagerun.MapFrom(m.drv, m.base, ps, m.pages, []vmm.AccessDesc{{Device: dev, Flags: access}},
+	m.nmapped, err = pagerun.MapSpans(m.drv, m.base, ps, m.desc.Spans, m.pages, []vmm.AccessDesc{{Device: dev, Flags: access}},
 		pagerun.Source{Take: m.importPage, Give: m.releasePages})
 	if err != nil {
 		return errors.Join(fmt.Errorf("device %d: %w", dev, err), m.undo())
@@ -102,8 +102,9 @@ func (m *mapped) releasePages(hs []vmm.Handle) error {
 	return errors.Join(errs...)
 }
 
-// teardown undoes open as far as it got: unmaps the first n pages
-// (mapped -> reserved), releases every imported page, gives back the range
+// teardown undoes open as far as it got: unmaps the first n allocations
+// (mapped -> reserved; with one call, whatever their spans), releases
+// every imported one, gives back the range
 // (reserved -> none), closes what was fetched and ends the lease. What
 // fails stays in m (nmapped, pages, reserved, recv) for a later teardown
 // to try again: if the unmap fails the pages stay mapped and are not
@@ -114,7 +115,7 @@ func (m *mapped) teardown(n int) error {
 		return m.teardownIPC()
 	}
 	m.nmapped = n
-	if err := pagerun.Unmap(m.drv, m.base, m.desc.PageSize, n); err != nil {
+	if err := pagerun.UnmapSpans(m.drv, m.base, m.desc.PageSize, m.desc.Spans, n); err != nil {
 		return fmt.Errorf("kept mapped: %w", err)
 	}
 	m.nmapped = 0

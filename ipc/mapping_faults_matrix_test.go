@@ -28,6 +28,28 @@ func TestMappingFaultMatrix(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
 	desc, err := s.MarshalBinary()
 	require.NoError(t, err)
+	mappingFaultMatrix(t, desc)
+}
+
+// TestMappingFaultMatrixSpans is the matrix over a block of allocations of
+// 1, 3 and 2 pages: every Map, Unmap, import and release of an allocation
+// of any size failed in turn, alone and in the undo.
+func TestMappingFaultMatrixSpans(t *testing.T) {
+	exp := backendDriver(t, "host")
+	b := newSpanBlock(t, exp, []int{1, 3, 2}, 4096, 9<<20)
+	e := newExporter(t, ExporterOptions{})
+	s, err := e.ShareBlock(exp, b, b.ptr())
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	require.Equal(t, []int{1, 3, 2}, s.Descriptor().Spans)
+	desc, err := s.MarshalBinary()
+	require.NoError(t, err)
+	mappingFaultMatrix(t, desc)
+}
+
+// mappingFaultMatrix runs the fault matrix of Open and Close of desc on
+// fresh host drivers.
+func mappingFaultMatrix(t *testing.T, desc []byte) {
 	opts := OpenOptions{Fetch: FetchOptions{Transports: []Transport{TransportSocket}}}
 	open := func(d vmm.Driver) (*Mapping, error) { return Open(context.Background(), desc, d, 0, opts) }
 	closeMapping := func(m **Mapping) func() error {

@@ -36,7 +36,7 @@ type Mapping struct {
 }
 
 // Ptr is the address of the shared block in this process: the mapped
-// extent's start plus the block's offset in its first page.
+// extent's start plus the block's offset in its first allocation.
 func (m *Mapping) Ptr() vmm.DevicePtr { return m.m.base.Add(m.m.desc.Offset) }
 
 // Len is the length of the shared block in bytes.
@@ -78,9 +78,10 @@ type mapped struct {
 	drv   vmm.Driver
 	desc  *handles.Descriptor
 	base  vmm.DevicePtr
-	pages []vmm.Handle // imported, in page order; 0 where released or not imported
-	// nmapped counts the pages mapped from base, reserved whether base
-	// is still reserved: what a teardown has left to undo.
+	pages []vmm.Handle // imported, one per allocation in order; 0 where released or not imported
+	// nmapped counts the allocations mapped from base (desc.Spans pages
+	// each), reserved whether base is still reserved: what a teardown has
+	// left to undo.
 	nmapped  int
 	reserved bool
 	recv     *Received // holds the lease
@@ -137,8 +138,9 @@ func (im *Importer) Driver() vmm.Driver { return im.drv }
 // names into this process for device dev of the importer's driver: it
 // refuses a shared extent larger than dev's memory (vmm.ErrInvalid),
 // fetches the pages (Fetch, with opts.Fetch), reserves exactly the shared
-// extent (page count times page size), imports each page (ImportFD, or
-// ImportFabric for a fabric descriptor), maps them in order, and grants
+// extent (Descriptor.Bytes: the pages of every allocation times page
+// size), imports each allocation (ImportFD, or ImportFabric for a fabric
+// descriptor), maps each whole (its span of pages) in order, and grants
 // dev access to the run with one SetAccess. The fetched fds are closed
 // once the pages are mapped: the imported handles keep the pages. On any
 // failure everything done is undone and the error says which step failed.

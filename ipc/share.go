@@ -17,8 +17,13 @@ type Extent struct {
 	DeviceUUID [16]byte
 	// PageSize is the size of every page, a multiple of 4 KiB.
 	PageSize uint64
-	// Offset and Length place the block inside the pages; the pages must
-	// be exactly the block rounded out to pages.
+	// Spans, when not nil, has one entry per shared allocation (fd or
+	// fabric handle): how many pages of PageSize it holds; importers map
+	// each allocation whole. Nil: every allocation is one page.
+	Spans []int
+	// Offset and Length place the block inside the allocations; Offset is
+	// from the start of the first. The allocations must be exactly the
+	// block rounded out to allocations.
 	Offset, Length uint64
 }
 
@@ -56,8 +61,8 @@ type Share struct {
 	}
 }
 
-// ShareFDs shares pages given as fds, one per page of ext.PageSize, in page
-// order. The share takes ownership of fds, also when it fails. release, if
+// ShareFDs shares pages given as fds, one per allocation (of one page of
+// ext.PageSize, or of ext.Spans[i] pages), in address order. The share takes ownership of fds, also when it fails. release, if
 // not nil, is called once when the share closes (an allocator's unpin).
 // The descriptor carries the fd numbers (for pidfd) and the socket, if the
 // exporter serves one.
@@ -88,7 +93,8 @@ func (e *Exporter) ShareFabric(pages []handles.Fabric, ext Extent, release func(
 func (e *Exporter) descriptor(kind handles.Kind, pages int, ext Extent) handles.Descriptor {
 	return handles.Descriptor{
 		Kind: kind, ExporterPID: os.Getpid(), DeviceUUID: ext.DeviceUUID,
-		PageSize: ext.PageSize, PageCount: pages, Offset: ext.Offset, Length: ext.Length,
+		PageSize: ext.PageSize, PageCount: pages, Spans: handles.NormalSpans(ext.Spans),
+		Offset: ext.Offset, Length: ext.Length,
 		Endpoint: e.endpoint,
 	}
 }
@@ -140,6 +146,7 @@ func (s *Share) Descriptor() *handles.Descriptor {
 	d := s.desc
 	d.PageFDs = append([]int(nil), s.desc.PageFDs...)
 	d.Fabric = append([]handles.Fabric(nil), s.desc.Fabric...)
+	d.Spans = handles.NormalSpans(s.desc.Spans)
 	return &d
 }
 

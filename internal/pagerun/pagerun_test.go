@@ -144,3 +144,110 @@ func TestMapFromUnwinds(t *testing.T) {
 		})
 	}
 }
+
+// mapLog records the Map and Unmap calls that reach the driver.
+type mapLog struct {
+	vmm.Driver
+	maps, unmaps [][2]uint64 // offset from base, size
+	base         vmm.DevicePtr
+}
+
+func (l *mapLog) Map(ptr vmm.DevicePtr, size uint64, h vmm.Handle, off uint64) error {
+	err := l.Driver.Map(ptr, size, h, off)
+	if err == nil {
+		l.maps = append(l.maps, [2]uint64{uint64(ptr - l.base), size})
+	}
+	return err
+}
+
+func (l *mapLog) Unmap(ptr vmm.DevicePtr, size uint64) error {
+	err := l.Driver.Unmap(ptr, size)
+	if err == nil {
+		l.unmaps = append(l.unmaps, [2]uint64{uint64(ptr - l.base), size})
+	}
+	return err
+}
+
+// TestMapSpans maps allocations of 3, 1 and 2 pages: each whole, with one
+// Map at the end of the one before, one SetAccess for all six pages; a
+// failed map or access unmaps exactly what was mapped (or, if the undo
+// fails too, says how many allocations stay mapped, and UnmapSpans with
+// the same spans unmaps them).
+func TestMapSpans(t *testing.T) {
+	spans := []int{3, 1, 2}
+	for _, c := range []struct {
+		name     string
+		fail     vmmtest.Op
+		n        int
+		then     vmmtest.Op
+		wantLeft int
+		undone   uint64 // bytes the undo unmapped
+	}{
+		{name: "ok", wantLeft: 3},
+		{name: "map 2", fail: vmmtest.OpMap, n: 2, undone: 3 * ps},
+		{name: "map 3", fail: vmmtest.OpMap, n: 3, undone: 4 * ps},
+		{name: "access", fail: vmmtest.OpSetAccess, n: 1, undone: 6 * ps},
+		{name: "map 3, undo", fail: vmmtest.OpMap, n: 3, then: vmmtest.OpUnmap, wantLeft: 2},
+		{name: "access, undo", fail: vmmtest.OpSetAccess, n: 1, then: vmmtest.OpUnmap, wantLeft: 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := vmmtest.HostDriver(t, 0)
+			base, err := h.Reserve(6*ps, 0)
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, h.Unreserve(base, 6*ps)) })
+			log := &mapLog{Driver: h, base: base}
+			d := vmmtest.NewChained(log)
+			switch {
+			case c.then != "":
+				d.FailNthThen(c.fail, c.n, c.then)
+			case c.fail != "":
+				d.FailNth(c.fail, c.n, nil)
+			}
+			run := make([]vmm.Handle, 3)
+			made, given := []vmm.Handle{}, []vmm.Handle{}
+			left, err := MapSpans(d, base, ps, spans, run, vmm.ReadWrite(0), Source{
+				Take: func(i int) (vmm.Handle, error) {
+					hd, err := h.Create(0, uint64(spans[i])*ps, 0)
+					made = append(made, hd)
+					return hd, err
+				},
+				Give: func(hs []vmm.Handle) error {
+					for i, hd := range hs {
+						given = append(given, hd)
+						require.NoError(t, h.Release(hd))
+						hs[i] = 0
+					}
+					return nil
+				},
+			})
+			require.Equal(t, c.wantLeft, left)
+			require.Equal(t, c.wantLeft, h.Usage().Mappings)
+			require.Equal(t, made[c.wantLeft:], given)
+			if c.fail == "" {
+				require.NoError(t, err)
+				require.Equal(t, [][2]uint64{{0, 3 * ps}, {3 * ps, ps}, {4 * ps, 2 * ps}}, log.maps, "each allocation whole, after the one before")
+				require.Equal(t, 1, d.Calls(vmmtest.OpSetAccess))
+				for i := range 6 {
+					a, err := h.GetAccess(base.Add(uint64(i)*ps), 0)
+					require.NoError(t, err)
+					require.Equal(t, vmm.AccessReadWrite, a, "page %d", i)
+				}
+			} else {
+				require.ErrorIs(t, err, vmmtest.ErrInjected)
+				require.ErrorContains(t, err, "allocation")
+				if c.then == "" {
+					require.Equal(t, [][2]uint64{{0, c.undone}}, log.unmaps, "one Unmap of what was mapped")
+				}
+			}
+			log.unmaps = nil
+			require.NoError(t, UnmapSpans(h, base, ps, spans, left))
+			require.Zero(t, h.Usage().Mappings)
+			for _, hd := range run[:left] {
+				require.NoError(t, h.Release(hd))
+			}
+		})
+	}
+	require.Equal(t, 6*ps, runBytes(ps, spans, 3))
+	require.Equal(t, 4*ps, runBytes(ps, spans, 2))
+	require.Equal(t, 2*ps, runBytes(ps, nil, 2))
+}
