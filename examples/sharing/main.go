@@ -144,8 +144,9 @@ func consume(backend xseg.Backend, in io.Reader, out io.Writer) error {
 	return nil
 }
 
-// mapAndRead imports the pages, maps them at a new reservation of this
-// process, copies the shared extent out and undoes everything.
+// mapAndRead imports the allocations, maps each whole (a chunk holds
+// desc.Span(i) pages) at a new reservation of this process, copies the
+// shared extent out and undoes everything.
 func mapAndRead(d vmm.Driver, desc *handles.Descriptor, fds []*handles.FD) (data []byte, err error) {
 	size := desc.Bytes()
 	base, err := d.Reserve(size, 0)
@@ -153,21 +154,29 @@ func mapAndRead(d vmm.Driver, desc *handles.Descriptor, fds []*handles.FD) (data
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, d.Unreserve(base, size)) }()
-	var pages []vmm.Handle
+	type mapped struct {
+		at   vmm.DevicePtr
+		size uint64
+		h    vmm.Handle
+	}
+	var maps []mapped
 	defer func() {
-		for i, h := range pages {
-			err = errors.Join(err, d.Unmap(base.Add(uint64(i)*desc.PageSize), desc.PageSize), d.Release(h))
+		for _, m := range maps {
+			err = errors.Join(err, d.Unmap(m.at, m.size), d.Release(m.h))
 		}
 	}()
+	at := base
 	for i, fd := range fds {
 		h, err := d.ImportFD(fd.Int())
 		if err != nil {
-			return nil, fmt.Errorf("importing page %d: %w", i, err)
+			return nil, fmt.Errorf("importing allocation %d: %w", i, err)
 		}
-		if err := d.Map(base.Add(uint64(i)*desc.PageSize), desc.PageSize, h, 0); err != nil {
-			return nil, errors.Join(fmt.Errorf("mapping page %d: %w", i, err), d.Release(h))
+		n := uint64(desc.Span(i)) * desc.PageSize
+		if err := d.Map(at, n, h, 0); err != nil {
+			return nil, errors.Join(fmt.Errorf("mapping allocation %d: %w", i, err), d.Release(h))
 		}
-		pages = append(pages, h)
+		maps = append(maps, mapped{at, n, h})
+		at = at.Add(n)
 	}
 	if err := d.SetAccess(base, size, vmm.ReadWrite(0)); err != nil {
 		return nil, err
