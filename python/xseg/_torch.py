@@ -414,10 +414,14 @@ class _Opened:
 
 def _open_bytes(desc: bytes, dev: int) -> Any:
     torch = _torch()
-    torch.cuda.init()
+    if not torch.cuda.is_initialized():
+        torch.cuda.init()
     m = _lib.open_block(bytes(desc), dev)
+    where = torch.device("cuda", dev)
+    if torch.cuda.current_device() == dev:  # the usual case: no device switch
+        return torch.as_tensor(_Opened(m), device=where)
     with torch.cuda.device(dev):
-        return torch.as_tensor(_Opened(m), device=torch.device("cuda", dev))
+        return torch.as_tensor(_Opened(m), device=where)
 
 
 def open_tensor(desc: bytes, shape: Any, dtype: Any, device: Any = None) -> Any:
