@@ -48,10 +48,13 @@ type Heap struct {
 
 	mu struct {
 		sync.Mutex
-		closed  bool
-		states  map[stateKey]*state
-		def     [NumPools]*state // the states of stream 0, by pool
-		blocks  map[vmm.DevicePtr]*block
+		closed bool
+		states map[stateKey]*state
+		def    [NumPools]*state // the states of stream 0, by pool
+		blocks map[vmm.DevicePtr]*block
+		// handed caches blocks handed out by a hash of their ptr, so that
+		// Free finds a block without the map (blockLocked).
+		handed  [1 << handedBits]*block
 		spare   *block // recycled block structs, through next
 		nodes   *btree.FreeListG[*block]
 		stats   Stats
@@ -81,6 +84,9 @@ type Heap struct {
 		hist      *history // the allocation history, nil while off (history.go)
 	}
 }
+
+// handedBits is log2 of the slots of Heap.mu.handed.
+const handedBits = 8
 
 // NewHeap makes a Heap that allocates on device dev of d from segments b
 // supplies. limit is the device's total memory: a request above it fails at
@@ -189,6 +195,10 @@ func (h *Heap) alloc(size uint64, s vmm.Stream, final bool) (vmm.DevicePtr, erro
 
 // allocTo allocates from private pool id, or with the zero id from the
 // pool an active route picks or else the shared pools.
+//
+// The warm path, a block of the exact size parked in the exact-size lists
+// of a shared pool with nothing to settle first, runs without a defer;
+// everything else takes allocLocked under a deferred unlock.
 func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.DevicePtr, error) {
 	if size == 0 {
 		return 0, fmt.Errorf("allocating 0 bytes: %w", vmm.ErrInvalid)
@@ -197,7 +207,30 @@ func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.De
 	pool := h.PoolOf(rs)
 	rs = h.wholePages(rs, pool)
 	h.mu.Lock()
+	if h.quietLocked(s) && id.IsZero() && size <= h.limit && rs >= size {
+		if b := h.stateLocked(s, pool).popExact(rs); b != nil {
+			b = h.handOutLocked(b, rs, size)
+			if invariantsOn {
+				h.checkLocked()
+			}
+			h.mu.Unlock()
+			return b.ptr, nil
+		}
+	}
 	defer h.mu.Unlock()
+	return h.allocLocked(size, rs, pool, s, final, id)
+}
+
+// quietLocked reports whether an allocation on stream s can take a parked
+// block at once: the Heap is open, s is known, and no route, deferred free
+// or pending event asks for work first.
+func (h *Heap) quietLocked(s vmm.Stream) bool {
+	return !h.mu.closed && (s == 0 || s == h.mu.lastStream) &&
+		len(h.mu.routes) == 0 && len(h.mu.deferred) == 0 && len(h.mu.pending) == 0
+}
+
+// allocLocked is allocTo past the warm path: size rounded is rs, of pool.
+func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool, id PoolID) (vmm.DevicePtr, error) {
 	if h.mu.closed {
 		return 0, fmt.Errorf("allocating %d bytes: %w", size, vmm.ErrClosed)
 	}
@@ -264,20 +297,45 @@ func (h *Heap) handOutLocked(b *block, rs, req uint64) *block {
 	if h.mu.hist != nil {
 		h.noteLocked(ActionAlloc, b.ptr, b.size, b.seg)
 	}
+	h.mu.handed[handedSlot(b.ptr)] = b
 	return b
 }
 
 // Free gives a block back. A block used on other streams (RecordStream)
 // is reused only once the work queued on them by now has finished.
+//
+// The warm path, a block of a shared pool used on its own stream only,
+// with no history, pins, route or release threshold to mind, runs without
+// a defer; everything else takes freeLocked under a deferred unlock.
 func (h *Heap) Free(ptr vmm.DevicePtr) error {
 	h.mu.Lock()
+	b := h.blockLocked(ptr)
+	if b != nil && b.state == stAllocated && !h.mu.closed && len(b.uses) == 0 &&
+		h.mu.hist == nil && len(h.mu.pins) == 0 && len(h.mu.routes) == 0 &&
+		h.cfg.ReleaseThreshold == 0 && b.seg.st.key.private.IsZero() {
+		h.mu.handed[handedSlot(ptr)] = nil
+		h.unallocateLocked(b)
+		h.deactivateLocked(b)
+		if invariantsOn {
+			h.checkLocked()
+		}
+		h.mu.Unlock()
+		return nil
+	}
 	defer h.mu.Unlock()
+	return h.freeLocked(ptr, b)
+}
+
+// freeLocked is Free past the warm path: b is the block at ptr, or nil.
+func (h *Heap) freeLocked(ptr vmm.DevicePtr, b *block) error {
 	if h.mu.closed {
 		return fmt.Errorf("freeing %v: %w", ptr, vmm.ErrClosed)
 	}
-	b := h.mu.blocks[ptr]
 	if b == nil || b.state != stAllocated {
 		return h.badFreeLocked(ptr, b)
+	}
+	if h.mu.handed[handedSlot(ptr)] == b {
+		h.mu.handed[handedSlot(ptr)] = nil
 	}
 	if len(b.uses) > 0 {
 		if h.capturingLocked() {
@@ -310,6 +368,21 @@ func (h *Heap) Free(ptr vmm.DevicePtr) error {
 		h.checkLocked()
 	}
 	return nil
+}
+
+// handedSlot is the slot of a block at ptr in Heap.mu.handed.
+func handedSlot(ptr vmm.DevicePtr) uint64 { return slotOf(uint64(ptr), handedBits) }
+
+// blockLocked returns the block at ptr, or nil: the one handOutLocked last
+// put in ptr's slot of handed if it is still allocated at ptr, else the
+// ptr map's. An allocated block always sits in the map at its ptr (a block
+// leaving the map is recycled, zeroed, or becomes a hole), so a slot can
+// be stale but never wrong.
+func (h *Heap) blockLocked(ptr vmm.DevicePtr) *block {
+	if b := h.mu.handed[handedSlot(ptr)]; b != nil && b.ptr == ptr && b.state == stAllocated {
+		return b
+	}
+	return h.mu.blocks[ptr]
 }
 
 // privateStateLocked returns the state of private pool id for an
