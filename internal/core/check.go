@@ -57,7 +57,11 @@ func (h *Heap) verifyLocked() error {
 	if mapped != h.mu.mapped {
 		return fmt.Errorf("mapped bytes %v, segments say %v", h.mu.mapped, mapped)
 	}
-	s := &h.mu.stats
+	if err := h.mu.bstats.verify(); err != nil {
+		return err
+	}
+	st := h.statsLocked()
+	s := &st
 	for _, p := range spec.Pools() {
 		got := [5]int64{pick(&s.AllocatedBytes, p), pick(&s.ActiveBytes, p), pick(&s.RequestedBytes, p), pick(&s.Allocations, p), pick(&s.ActiveBlocks, p)}
 		want := [5]int64{t.alloc[p], t.active[p], t.requested[p], t.allocs[p], t.actives[p]}

@@ -54,10 +54,13 @@ type Heap struct {
 		blocks map[vmm.DevicePtr]*block
 		// handed caches blocks handed out by a hash of their ptr, so that
 		// Free finds a block without the map (blockLocked).
-		handed  [1 << handedBits]*block
-		spare   *block // recycled block structs, through next
-		nodes   *btree.FreeListG[*block]
+		handed [1 << handedBits]*block
+		spare  *block // recycled block structs, through next
+		nodes  *btree.FreeListG[*block]
+		// stats are the statistics but for those of blocks, which
+		// bstats keeps (hotstats.go): read them with statsLocked.
 		stats   Stats
+		bstats  blockStats
 		mapped  [NumPools]uint64 // bytes mapped, by pool
 		pending []pendingEvent
 		events  []vmm.Event // recorded and completed, for reuse
@@ -208,7 +211,11 @@ func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.De
 	rs = h.wholePages(rs, pool)
 	h.mu.Lock()
 	if h.quietLocked(s) && id.IsZero() && size <= h.limit && rs >= size {
-		if b := h.stateLocked(s, pool).popExact(rs); b != nil {
+		st := h.mu.def[pool]
+		if s != 0 {
+			st = h.stateLocked(s, pool)
+		}
+		if b := st.popExact(rs); b != nil {
 			b = h.handOutLocked(b, rs, size)
 			if invariantsOn {
 				h.checkLocked()
@@ -287,13 +294,7 @@ func (h *Heap) handOutLocked(b *block, rs, req uint64) *block {
 		r := h.splitAt(b, rs)
 		h.coalesce(r)
 	}
-	p := b.seg.Pool
-	st := &h.mu.stats
-	st.AllocatedBytes.Inc(p, b.size)
-	st.RequestedBytes.Inc(p, req)
-	st.ActiveBytes.Inc(p, b.size)
-	st.Allocations.Inc(p, 1)
-	st.ActiveBlocks.Inc(p, 1)
+	h.mu.bstats.handOut(b.seg.Pool, b.size, req)
 	if h.mu.hist != nil {
 		h.noteLocked(ActionAlloc, b.ptr, b.size, b.seg)
 	}
@@ -410,11 +411,7 @@ func (h *Heap) privateStateLocked(id PoolID, s vmm.Stream, rs uint64, p Pool) (*
 
 // unallocateLocked takes freed block b out of the allocated statistics.
 func (h *Heap) unallocateLocked(b *block) {
-	p := b.seg.Pool
-	st := &h.mu.stats
-	st.AllocatedBytes.Dec(p, b.size)
-	st.RequestedBytes.Dec(p, b.requested)
-	st.Allocations.Dec(p, 1)
+	h.mu.bstats.unallocate(b.seg.Pool, b.size, b.requested)
 	b.requested = 0
 }
 
@@ -430,9 +427,7 @@ func (h *Heap) deactivateLocked(b *block) {
 	if h.mu.hist != nil {
 		h.noteLocked(ActionFreeCompleted, b.ptr, b.size, b.seg)
 	}
-	p := b.seg.Pool
-	h.mu.stats.ActiveBytes.Dec(p, b.size)
-	h.mu.stats.ActiveBlocks.Dec(p, 1)
+	h.mu.bstats.deactivate(b.seg.Pool, b.size)
 	b.state = stFree
 	st := b.seg.st
 	if st.exactN < maxExact {
@@ -476,7 +471,7 @@ func (h *Heap) RecordStream(ptr vmm.DevicePtr, s vmm.Stream) error {
 func (h *Heap) Stats() Stats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.mu.stats
+	return h.statsLocked()
 }
 
 // ResetAccumulatedStats zeroes the statistics that only grow (see
@@ -485,6 +480,7 @@ func (h *Heap) ResetAccumulatedStats() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.mu.stats.ResetAccumulated()
+	h.mu.bstats.resetAccumulated()
 }
 
 // ResetPeakStats makes every peak the current value.
@@ -492,4 +488,5 @@ func (h *Heap) ResetPeakStats() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.mu.stats.ResetPeaks()
+	h.mu.bstats.resetPeaks()
 }
