@@ -91,7 +91,7 @@ type exactList struct {
 }
 
 // recentBits is log2 of the slots of state.recent.
-const recentBits = 5
+const recentBits = 6
 
 // slotOf is the slot of x, a multiple of MinBlock (a size or an address),
 // in a direct-mapped cache of 1<<bits slots: a multiplicative hash, as

@@ -188,29 +188,17 @@ func (h *Heap) recycle(b *block) {
 }
 
 // Alloc returns a block of at least size bytes for use on stream s.
-func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
-	return h.alloc(size, s, true)
-}
-
-func (h *Heap) alloc(size uint64, s vmm.Stream, final bool) (vmm.DevicePtr, error) {
-	return h.allocTo(size, s, final, PoolID{})
-}
-
-// allocTo allocates from private pool id, or with the zero id from the
-// pool an active route picks or else the shared pools.
 //
 // The warm path, a block of the exact size parked in the exact-size lists
-// of a shared pool with nothing to settle first, runs without a defer;
-// everything else takes allocLocked under a deferred unlock.
-func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.DevicePtr, error) {
+// of a shared pool with nothing to settle first, runs here without a
+// defer or a further call for the lock; everything else takes allocHeld.
+func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 	if size == 0 {
-		return 0, fmt.Errorf("allocating 0 bytes: %w", vmm.ErrInvalid)
+		return 0, errZeroSize()
 	}
-	rs := RoundSize(size)
-	pool := h.PoolOf(rs)
-	rs = h.wholePages(rs, pool)
+	rs, pool := h.sizeClass(size)
 	h.mu.Lock()
-	if h.quietLocked(s) && id.IsZero() && size <= h.limit && rs >= size {
+	if h.quietLocked(s) && size <= h.limit && rs >= size {
 		st := h.mu.def[pool]
 		if s != 0 {
 			st = h.stateLocked(s, pool)
@@ -224,6 +212,35 @@ func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.De
 			return b.ptr, nil
 		}
 	}
+	return h.allocHeld(size, rs, pool, s, true, PoolID{})
+}
+
+func (h *Heap) alloc(size uint64, s vmm.Stream, final bool) (vmm.DevicePtr, error) {
+	return h.allocTo(size, s, final, PoolID{})
+}
+
+// allocTo allocates from private pool id, or with the zero id from the
+// pool an active route picks or else the shared pools.
+func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.DevicePtr, error) {
+	if size == 0 {
+		return 0, errZeroSize()
+	}
+	rs, pool := h.sizeClass(size)
+	h.mu.Lock()
+	return h.allocHeld(size, rs, pool, s, final, id)
+}
+
+func errZeroSize() error { return fmt.Errorf("allocating 0 bytes: %w", vmm.ErrInvalid) }
+
+// sizeClass returns a request of size bytes rounded and its pool.
+func (h *Heap) sizeClass(size uint64) (uint64, Pool) {
+	rs := RoundSize(size)
+	pool := h.PoolOf(rs)
+	return h.wholePages(rs, pool), pool
+}
+
+// allocHeld is allocLocked for a caller that holds h.mu: it unlocks it.
+func (h *Heap) allocHeld(size, rs uint64, pool Pool, s vmm.Stream, final bool, id PoolID) (vmm.DevicePtr, error) {
 	defer h.mu.Unlock()
 	return h.allocLocked(size, rs, pool, s, final, id)
 }
@@ -236,7 +253,8 @@ func (h *Heap) quietLocked(s vmm.Stream) bool {
 		len(h.mu.routes) == 0 && len(h.mu.deferred) == 0 && len(h.mu.pending) == 0
 }
 
-// allocLocked is allocTo past the warm path: size rounded is rs, of pool.
+// allocLocked allocates size bytes, rs rounded, of pool on stream s (see
+// allocTo for id).
 func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool, id PoolID) (vmm.DevicePtr, error) {
 	if h.mu.closed {
 		return 0, fmt.Errorf("allocating %d bytes: %w", size, vmm.ErrClosed)
