@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/spec"
+	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
@@ -60,4 +61,41 @@ func TestBlockStatsAcrossResets(t *testing.T) {
 	}
 	require.Equal(t, want, blockStatsOf(st))
 	require.Equal(t, st, a.Snapshot().Stats)
+}
+
+// TestFreeRefusalsWithFullCache fills every slot of the cache of handed-out
+// blocks Free looks in first (more blocks than slots, of sizes in both
+// pools) and checks that Free still refuses interior pointers and double
+// frees without changing anything, and frees each block once.
+func TestFreeRefusalsWithFullCache(t *testing.T) {
+	a := newAlloc(t, vmmtest.HostDriver(t, 0), DefaultConfig())
+	var ptrs []vmm.DevicePtr
+	for i := range 600 {
+		p, err := a.Alloc(uint64(512+(i%7)*512+(i%3)*(1<<20)), 0)
+		require.NoError(t, err)
+		ptrs = append(ptrs, p)
+	}
+	before := a.Stats()
+	for _, p := range ptrs {
+		// p+256 falls in p's slot of the cache: Free must see it is
+		// not p.
+		require.ErrorIs(t, a.Free(p.Add(256)), vmm.ErrInvalid, "interior pointer %v", p.Add(256))
+	}
+	require.Equal(t, before, a.Stats(), "refused frees changed the stats")
+	for i, p := range ptrs {
+		if i%2 == 0 {
+			require.NoError(t, a.Free(p))
+		}
+	}
+	for i, p := range ptrs {
+		if i%2 == 0 {
+			require.ErrorIs(t, a.Free(p), vmm.ErrInvalid, "double free of %v", p)
+		} else {
+			require.NoError(t, a.Free(p))
+		}
+	}
+	st := a.Stats()
+	require.Zero(t, st.AllocatedBytes.All.Current)
+	require.Zero(t, st.ActiveBlocks.All.Current)
+	require.Equal(t, int64(len(ptrs)), st.Allocations.All.Freed)
 }
