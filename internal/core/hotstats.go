@@ -5,9 +5,10 @@ import "fmt"
 // The five statistics every Alloc and Free moves (allocated, requested and
 // active bytes, allocations, active blocks) live in blockStats rather than
 // in Heap.mu.stats, whose fields of them stay zero: statsLocked folds them
-// in. A spec.Stat keeps current, peak, allocated and freed for each pool
-// and for all of them, twenty words to update a pair of calls; blockStats
-// keeps only what cannot be derived:
+// in. Through spec.Stat, which keeps current, peak, allocated and freed for
+// each pool and for all of them, an Alloc and a Free each added to twenty
+// words; blockStats keeps only what cannot be derived, and an Alloc adds to
+// thirteen, a Free to ten:
 //   - the all-pools allocated and freed values are sums over the pools
 //     (current is kept too, for the peak);
 //   - freed is allocated less what current gained since the last
@@ -160,7 +161,9 @@ func (s *blockStats) resetPeaks() {
 		s.pools[p].peak = s.pools[p].cur
 	}
 	s.allPeak = s.allCur
-	s.shadow.ResetPeaks()
+	if invariantsOn {
+		s.shadow.ResetPeaks()
+	}
 }
 
 // resetAccumulated zeroes the allocated and freed totals.
@@ -170,7 +173,9 @@ func (s *blockStats) resetAccumulated() {
 		ps.total = [numTotals]int64{}
 		ps.base = ps.cur
 	}
-	s.shadow.ResetAccumulated()
+	if invariantsOn {
+		s.shadow.ResetAccumulated()
+	}
 }
 
 // verify compares the folded counters with shadow (build tag invariants).
