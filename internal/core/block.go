@@ -70,9 +70,9 @@ type state struct {
 	key   stateKey
 	segs  []*Seg
 	exact map[uint64]*exactList // freed blocks not yet coalesced, by size
-	// recent caches lists of exact, direct-mapped by size, so that the
-	// warm path finds a list without a map lookup.
-	recent [32]*exactList
+	// recent caches lists of exact, direct-mapped by a hash of the size
+	// (slotOf), so that the warm path finds a list without a map lookup.
+	recent [1 << recentBits]*exactList
 	// exactN counts the blocks in exact lists.
 	exactN int
 	free   *btree.BTreeG[*block] // coalesced free blocks by (size, ptr)
@@ -88,6 +88,17 @@ type exactList struct {
 	head *block
 	size uint64
 	dead bool
+}
+
+// recentBits is log2 of the slots of state.recent.
+const recentBits = 6
+
+// slotOf is the slot of x, a multiple of MinBlock (a size or an address),
+// in a direct-mapped cache of 1<<bits slots: a multiplicative hash, as
+// sizes and addresses often differ only in high bits (multiples of a
+// page) that a plain modulo would drop.
+func slotOf(x uint64, bits uint) uint64 {
+	return (x / MinBlock) * 0x9e3779b97f4a7c15 >> (64 - bits)
 }
 
 // maxSizes bounds the sizes with an exact-size list; flush forgets them
@@ -108,7 +119,7 @@ func newState(k stateKey, fl *btree.FreeListG[*block]) *state {
 
 // popExact takes a block of exactly size bytes from the exact lists.
 func (s *state) popExact(size uint64) *block {
-	i := (size / MinBlock) % uint64(len(s.recent))
+	i := slotOf(size, recentBits)
 	l := s.recent[i]
 	if l == nil || l.size != size {
 		if l = s.exact[size]; l == nil {

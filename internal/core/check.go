@@ -47,10 +47,21 @@ func (h *Heap) verifyLocked() error {
 	if t.blocks != len(h.mu.blocks) {
 		return fmt.Errorf("ptr map holds %d blocks, segments %d", len(h.mu.blocks), t.blocks)
 	}
+	// A slot may hold a block since recycled and reused at another ptr,
+	// but an allocated block in it must be the map's (blockLocked).
+	for i, b := range h.mu.handed {
+		if b != nil && b.state == stAllocated && h.mu.blocks[b.ptr] != b {
+			return fmt.Errorf("the handed-out cache holds at slot %d an allocated block %v+%d that is not the ptr map's", i, b.ptr, b.size)
+		}
+	}
 	if mapped != h.mu.mapped {
 		return fmt.Errorf("mapped bytes %v, segments say %v", h.mu.mapped, mapped)
 	}
-	s := &h.mu.stats
+	if err := h.mu.bstats.verify(); err != nil {
+		return err
+	}
+	st := h.statsLocked()
+	s := &st
 	for _, p := range spec.Pools() {
 		got := [5]int64{pick(&s.AllocatedBytes, p), pick(&s.ActiveBytes, p), pick(&s.RequestedBytes, p), pick(&s.Allocations, p), pick(&s.ActiveBlocks, p)}
 		want := [5]int64{t.alloc[p], t.active[p], t.requested[p], t.allocs[p], t.actives[p]}

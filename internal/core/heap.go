@@ -48,13 +48,19 @@ type Heap struct {
 
 	mu struct {
 		sync.Mutex
-		closed  bool
-		states  map[stateKey]*state
-		def     [NumPools]*state // the states of stream 0, by pool
-		blocks  map[vmm.DevicePtr]*block
-		spare   *block // recycled block structs, through next
-		nodes   *btree.FreeListG[*block]
+		closed bool
+		states map[stateKey]*state
+		def    [NumPools]*state // the states of stream 0, by pool
+		blocks map[vmm.DevicePtr]*block
+		// handed caches blocks handed out by a hash of their ptr, so that
+		// Free finds a block without the map (blockLocked).
+		handed [1 << handedBits]*block
+		spare  *block // recycled block structs, through next
+		nodes  *btree.FreeListG[*block]
+		// stats are the statistics but for those of blocks, which
+		// bstats keeps (hotstats.go): read them with statsLocked.
 		stats   Stats
+		bstats  blockStats
 		mapped  [NumPools]uint64 // bytes mapped, by pool
 		pending []pendingEvent
 		events  []vmm.Event // recorded and completed, for reuse
@@ -81,6 +87,9 @@ type Heap struct {
 		hist      *history // the allocation history, nil while off (history.go)
 	}
 }
+
+// handedBits is log2 of the slots of Heap.mu.handed.
+const handedBits = 8
 
 // NewHeap makes a Heap that allocates on device dev of d from segments b
 // supplies. limit is the device's total memory: a request above it fails at
@@ -179,8 +188,31 @@ func (h *Heap) recycle(b *block) {
 }
 
 // Alloc returns a block of at least size bytes for use on stream s.
+//
+// The warm path, a block of the exact size parked in the exact-size lists
+// of a shared pool with nothing to settle first, runs here without a
+// defer or a further call for the lock; everything else takes allocHeld.
 func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
-	return h.alloc(size, s, true)
+	if size == 0 {
+		return 0, errZeroSize()
+	}
+	rs, pool := h.sizeClass(size)
+	h.mu.Lock()
+	if h.quietLocked(s) && size <= h.limit && rs >= size {
+		st := h.mu.def[pool]
+		if s != 0 {
+			st = h.stateLocked(s, pool)
+		}
+		if b := st.popExact(rs); b != nil {
+			b = h.handOutLocked(b, rs, size)
+			if invariantsOn {
+				h.checkLocked()
+			}
+			h.mu.Unlock()
+			return b.ptr, nil
+		}
+	}
+	return h.allocHeld(size, rs, pool, s, true, PoolID{})
 }
 
 func (h *Heap) alloc(size uint64, s vmm.Stream, final bool) (vmm.DevicePtr, error) {
@@ -191,13 +223,39 @@ func (h *Heap) alloc(size uint64, s vmm.Stream, final bool) (vmm.DevicePtr, erro
 // pool an active route picks or else the shared pools.
 func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.DevicePtr, error) {
 	if size == 0 {
-		return 0, fmt.Errorf("allocating 0 bytes: %w", vmm.ErrInvalid)
+		return 0, errZeroSize()
 	}
+	rs, pool := h.sizeClass(size)
+	h.mu.Lock()
+	return h.allocHeld(size, rs, pool, s, final, id)
+}
+
+func errZeroSize() error { return fmt.Errorf("allocating 0 bytes: %w", vmm.ErrInvalid) }
+
+// sizeClass returns a request of size bytes rounded and its pool.
+func (h *Heap) sizeClass(size uint64) (uint64, Pool) {
 	rs := RoundSize(size)
 	pool := h.PoolOf(rs)
-	rs = h.wholePages(rs, pool)
-	h.mu.Lock()
+	return h.wholePages(rs, pool), pool
+}
+
+// allocHeld is allocLocked for a caller that holds h.mu: it unlocks it.
+func (h *Heap) allocHeld(size, rs uint64, pool Pool, s vmm.Stream, final bool, id PoolID) (vmm.DevicePtr, error) {
 	defer h.mu.Unlock()
+	return h.allocLocked(size, rs, pool, s, final, id)
+}
+
+// quietLocked reports whether an allocation on stream s can take a parked
+// block at once: the Heap is open, s is known, and no route, deferred free
+// or pending event asks for work first.
+func (h *Heap) quietLocked(s vmm.Stream) bool {
+	return !h.mu.closed && (s == 0 || s == h.mu.lastStream) &&
+		len(h.mu.routes) == 0 && len(h.mu.deferred) == 0 && len(h.mu.pending) == 0
+}
+
+// allocLocked allocates size bytes, rs rounded, of pool on stream s (see
+// allocTo for id).
+func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool, id PoolID) (vmm.DevicePtr, error) {
 	if h.mu.closed {
 		return 0, fmt.Errorf("allocating %d bytes: %w", size, vmm.ErrClosed)
 	}
@@ -254,30 +312,49 @@ func (h *Heap) handOutLocked(b *block, rs, req uint64) *block {
 		r := h.splitAt(b, rs)
 		h.coalesce(r)
 	}
-	p := b.seg.Pool
-	st := &h.mu.stats
-	st.AllocatedBytes.Inc(p, b.size)
-	st.RequestedBytes.Inc(p, req)
-	st.ActiveBytes.Inc(p, b.size)
-	st.Allocations.Inc(p, 1)
-	st.ActiveBlocks.Inc(p, 1)
+	h.mu.bstats.handOut(b.seg.Pool, b.size, req)
 	if h.mu.hist != nil {
 		h.noteLocked(ActionAlloc, b.ptr, b.size, b.seg)
 	}
+	h.mu.handed[handedSlot(b.ptr)] = b
 	return b
 }
 
 // Free gives a block back. A block used on other streams (RecordStream)
 // is reused only once the work queued on them by now has finished.
+//
+// The warm path, a block of a shared pool used on its own stream only,
+// with no history, pins, route or release threshold to mind, runs without
+// a defer; everything else takes freeLocked under a deferred unlock.
 func (h *Heap) Free(ptr vmm.DevicePtr) error {
 	h.mu.Lock()
+	b := h.blockLocked(ptr)
+	if b != nil && b.state == stAllocated && !h.mu.closed && len(b.uses) == 0 &&
+		h.mu.hist == nil && len(h.mu.pins) == 0 && len(h.mu.routes) == 0 &&
+		h.cfg.ReleaseThreshold == 0 && b.seg.st.key.private.IsZero() {
+		h.mu.handed[handedSlot(ptr)] = nil
+		h.unallocateLocked(b)
+		h.deactivateLocked(b)
+		if invariantsOn {
+			h.checkLocked()
+		}
+		h.mu.Unlock()
+		return nil
+	}
 	defer h.mu.Unlock()
+	return h.freeLocked(ptr, b)
+}
+
+// freeLocked is Free past the warm path: b is the block at ptr, or nil.
+func (h *Heap) freeLocked(ptr vmm.DevicePtr, b *block) error {
 	if h.mu.closed {
 		return fmt.Errorf("freeing %v: %w", ptr, vmm.ErrClosed)
 	}
-	b := h.mu.blocks[ptr]
 	if b == nil || b.state != stAllocated {
 		return h.badFreeLocked(ptr, b)
+	}
+	if h.mu.handed[handedSlot(ptr)] == b {
+		h.mu.handed[handedSlot(ptr)] = nil
 	}
 	if len(b.uses) > 0 {
 		if h.capturingLocked() {
@@ -312,6 +389,21 @@ func (h *Heap) Free(ptr vmm.DevicePtr) error {
 	return nil
 }
 
+// handedSlot is the slot of a block at ptr in Heap.mu.handed.
+func handedSlot(ptr vmm.DevicePtr) uint64 { return slotOf(uint64(ptr), handedBits) }
+
+// blockLocked returns the block at ptr, or nil: the one handOutLocked last
+// put in ptr's slot of handed if it is still allocated at ptr, else the
+// ptr map's. An allocated block always sits in the map at its ptr (a block
+// leaving the map is recycled, zeroed, or becomes a hole), so a slot can
+// be stale but never wrong.
+func (h *Heap) blockLocked(ptr vmm.DevicePtr) *block {
+	if b := h.mu.handed[handedSlot(ptr)]; b != nil && b.ptr == ptr && b.state == stAllocated {
+		return b
+	}
+	return h.mu.blocks[ptr]
+}
+
 // privateStateLocked returns the state of private pool id for an
 // allocation of rs bytes on stream s; with the zero id, the state an active
 // route picks, or nil.
@@ -337,11 +429,7 @@ func (h *Heap) privateStateLocked(id PoolID, s vmm.Stream, rs uint64, p Pool) (*
 
 // unallocateLocked takes freed block b out of the allocated statistics.
 func (h *Heap) unallocateLocked(b *block) {
-	p := b.seg.Pool
-	st := &h.mu.stats
-	st.AllocatedBytes.Dec(p, b.size)
-	st.RequestedBytes.Dec(p, b.requested)
-	st.Allocations.Dec(p, 1)
+	h.mu.bstats.unallocate(b.seg.Pool, b.size, b.requested)
 	b.requested = 0
 }
 
@@ -357,9 +445,7 @@ func (h *Heap) deactivateLocked(b *block) {
 	if h.mu.hist != nil {
 		h.noteLocked(ActionFreeCompleted, b.ptr, b.size, b.seg)
 	}
-	p := b.seg.Pool
-	h.mu.stats.ActiveBytes.Dec(p, b.size)
-	h.mu.stats.ActiveBlocks.Dec(p, 1)
+	h.mu.bstats.deactivate(b.seg.Pool, b.size)
 	b.state = stFree
 	st := b.seg.st
 	if st.exactN < maxExact {
@@ -403,7 +489,7 @@ func (h *Heap) RecordStream(ptr vmm.DevicePtr, s vmm.Stream) error {
 func (h *Heap) Stats() Stats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.mu.stats
+	return h.statsLocked()
 }
 
 // ResetAccumulatedStats zeroes the statistics that only grow (see
@@ -412,6 +498,7 @@ func (h *Heap) ResetAccumulatedStats() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.mu.stats.ResetAccumulated()
+	h.mu.bstats.resetAccumulated()
 }
 
 // ResetPeakStats makes every peak the current value.
@@ -419,4 +506,5 @@ func (h *Heap) ResetPeakStats() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.mu.stats.ResetPeaks()
+	h.mu.bstats.resetPeaks()
 }

@@ -180,7 +180,7 @@ func (h *Heap) oomLocked(s vmm.Stream, req uint64, retries int, final bool, caus
 	if h.mu.hist != nil {
 		h.noteOOMLocked(req, s, free)
 	}
-	st := h.mu.stats
+	st := h.statsLocked()
 	err := fmt.Errorf("allocating %d bytes on stream %#x: out of memory after %s: %s; this allocator reserves %d bytes and has %d allocated: %w",
 		req, uintptr(s), retriesText(retries), dev, st.ReservedBytes.All.Current, st.AllocatedBytes.All.Current, cause)
 	level := slog.LevelDebug
@@ -208,7 +208,7 @@ func (h *Heap) logOOM(msg string, req uint64, err error, args ...any) {
 	if h.cfg.OOMVerbose {
 		level = slog.LevelInfo
 	}
-	args = append(args, "size", req, "reserved", h.mu.stats.ReservedBytes.All.Current, "allocated", h.mu.stats.AllocatedBytes.All.Current)
+	args = append(args, "size", req, "reserved", h.mu.stats.ReservedBytes.All.Current, "allocated", h.mu.bstats.allCur[hAllocBytes])
 	if err != nil {
 		args = append(args, "err", err)
 	}

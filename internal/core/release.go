@@ -149,7 +149,7 @@ func (h *Heap) freeMappedLocked() int64 {
 	for _, m := range h.mu.mapped {
 		n += int64(m)
 	}
-	n -= h.mu.stats.ActiveBytes.All.Current
+	n -= h.mu.bstats.allCur[hActiveBytes]
 	for _, pp := range h.mu.pools {
 		paused := pp.paused()
 		for _, st := range pp.states {

@@ -19,7 +19,7 @@ func (h *Heap) Snapshot() Snapshot {
 		}
 	}
 	slices.SortFunc(snap.Segments, func(a, b Segment) int { return cmp.Compare(a.Base, b.Base) })
-	snap.Stats = h.mu.stats
+	snap.Stats = h.statsLocked()
 	return snap
 }
 

@@ -1,0 +1,201 @@
+package core
+
+import "fmt"
+
+// The five statistics every Alloc and Free moves (allocated, requested and
+// active bytes, allocations, active blocks) live in blockStats rather than
+// in Heap.mu.stats, whose fields of them stay zero: statsLocked folds them
+// in. Through spec.Stat, which keeps current, peak, allocated and freed for
+// each pool and for all of them, an Alloc and a Free each added to twenty
+// words; blockStats keeps only what cannot be derived, and an Alloc adds to
+// thirteen, a Free to ten:
+//   - the all-pools allocated and freed values are sums over the pools
+//     (current is kept too, for the peak);
+//   - freed is allocated less what current gained since the last
+//     ResetAccumulatedStats (base holds current then), so a Free only
+//     lowers current;
+//   - the active counters' allocated totals are those of allocated bytes
+//     and allocations: a block becomes active only when handed out.
+
+// The counters of blockStats, by index.
+const (
+	hAllocBytes = iota
+	hReqBytes
+	hAllocs
+	hActiveBytes
+	hActiveBlocks
+	numHot
+	// numTotals counts the first counters, those with a total of their
+	// own; the active ones share the totals of hAllocBytes and hAllocs.
+	numTotals = hActiveBytes
+)
+
+// poolBlockStats are one pool's counters.
+type poolBlockStats struct {
+	cur, peak [numHot]int64
+	total     [numTotals]int64
+	base      [numHot]int64 // cur at the last ResetAccumulatedStats
+}
+
+type blockStats struct {
+	pools [NumPools]poolBlockStats
+	// allCur and allPeak are the all-pools current values (the sums of
+	// the pools') and peaks.
+	allCur, allPeak [numHot]int64
+	// shadow, under the build tag invariants only, counts the same in
+	// spec.Stats' own way, for verifyLocked to compare with fold.
+	shadow Stats
+}
+
+// handOut counts a block of size bytes of pool p handed out for a request
+// of req bytes.
+func (s *blockStats) handOut(p Pool, size, req uint64) {
+	ps := &s.pools[p]
+	c := &ps.cur
+	n, r := int64(size), int64(req)
+	c[hAllocBytes] += n
+	c[hReqBytes] += r
+	c[hAllocs]++
+	c[hActiveBytes] += n
+	c[hActiveBlocks]++
+	t := &ps.total
+	t[hAllocBytes] += n
+	t[hReqBytes] += r
+	t[hAllocs]++
+	a := &s.allCur
+	a[hAllocBytes] += n
+	a[hReqBytes] += r
+	a[hAllocs]++
+	a[hActiveBytes] += n
+	a[hActiveBlocks]++
+	pk, ap := &ps.peak, &s.allPeak // unrolled: a loop of five costs more
+	raise(&pk[0], c[0])
+	raise(&pk[1], c[1])
+	raise(&pk[2], c[2])
+	raise(&pk[3], c[3])
+	raise(&pk[4], c[4])
+	raise(&ap[0], a[0])
+	raise(&ap[1], a[1])
+	raise(&ap[2], a[2])
+	raise(&ap[3], a[3])
+	raise(&ap[4], a[4])
+	if invariantsOn {
+		sh := &s.shadow
+		sh.AllocatedBytes.Inc(p, size)
+		sh.RequestedBytes.Inc(p, req)
+		sh.ActiveBytes.Inc(p, size)
+		sh.Allocations.Inc(p, 1)
+		sh.ActiveBlocks.Inc(p, 1)
+	}
+}
+
+// raise makes peak v if v is above it. It stores only a raised peak:
+// most calls raise none.
+func raise(peak *int64, v int64) {
+	if v > *peak {
+		*peak = v
+	}
+}
+
+// unallocate counts a block of size bytes of pool p, handed out for req
+// bytes, freed; deactivate the block no longer active.
+func (s *blockStats) unallocate(p Pool, size, req uint64) {
+	c, a := &s.pools[p].cur, &s.allCur
+	c[hAllocBytes] -= int64(size)
+	c[hReqBytes] -= int64(req)
+	c[hAllocs]--
+	a[hAllocBytes] -= int64(size)
+	a[hReqBytes] -= int64(req)
+	a[hAllocs]--
+	if invariantsOn {
+		sh := &s.shadow
+		sh.AllocatedBytes.Dec(p, size)
+		sh.RequestedBytes.Dec(p, req)
+		sh.Allocations.Dec(p, 1)
+	}
+}
+
+func (s *blockStats) deactivate(p Pool, size uint64) {
+	c, a := &s.pools[p].cur, &s.allCur
+	c[hActiveBytes] -= int64(size)
+	c[hActiveBlocks]--
+	a[hActiveBytes] -= int64(size)
+	a[hActiveBlocks]--
+	if invariantsOn {
+		s.shadow.ActiveBytes.Dec(p, size)
+		s.shadow.ActiveBlocks.Dec(p, 1)
+	}
+}
+
+// totalOf is the allocated total of counter i.
+func totalOf(ps *poolBlockStats, i int) int64 {
+	switch i {
+	case hActiveBytes:
+		return ps.total[hAllocBytes]
+	case hActiveBlocks:
+		return ps.total[hAllocs]
+	}
+	return ps.total[i]
+}
+
+// fold writes the counters into st.
+func (s *blockStats) fold(st *Stats) {
+	out := [numHot]*PoolStat{&st.AllocatedBytes, &st.RequestedBytes, &st.Allocations, &st.ActiveBytes, &st.ActiveBlocks}
+	for i, ps := range out {
+		all := Stat{Current: s.allCur[i], Peak: s.allPeak[i]}
+		for p := range NumPools {
+			b := &s.pools[p]
+			v := Stat{Current: b.cur[i], Peak: b.peak[i], Allocated: totalOf(b, i)}
+			v.Freed = v.Allocated - (v.Current - b.base[i])
+			*ps.Of(Pool(p)) = v
+			all.Allocated += v.Allocated
+			all.Freed += v.Freed
+		}
+		ps.All = all
+	}
+}
+
+// resetPeaks makes every peak the current value.
+func (s *blockStats) resetPeaks() {
+	for p := range s.pools {
+		s.pools[p].peak = s.pools[p].cur
+	}
+	s.allPeak = s.allCur
+	if invariantsOn {
+		s.shadow.ResetPeaks()
+	}
+}
+
+// resetAccumulated zeroes the allocated and freed totals.
+func (s *blockStats) resetAccumulated() {
+	for p := range s.pools {
+		ps := &s.pools[p]
+		ps.total = [numTotals]int64{}
+		ps.base = ps.cur
+	}
+	if invariantsOn {
+		s.shadow.ResetAccumulated()
+	}
+}
+
+// verify compares the folded counters with shadow (build tag invariants).
+func (s *blockStats) verify() error {
+	var st Stats
+	s.fold(&st)
+	sh := &s.shadow
+	got := [numHot]PoolStat{st.AllocatedBytes, st.RequestedBytes, st.Allocations, st.ActiveBytes, st.ActiveBlocks}
+	want := [numHot]PoolStat{sh.AllocatedBytes, sh.RequestedBytes, sh.Allocations, sh.ActiveBytes, sh.ActiveBlocks}
+	for i := range got {
+		if got[i] != want[i] {
+			return fmt.Errorf("block statistic %d folds to %+v, counted one by one %+v", i, got[i], want[i])
+		}
+	}
+	return nil
+}
+
+// statsLocked returns the statistics, the block counters folded in.
+func (h *Heap) statsLocked() Stats {
+	st := h.mu.stats
+	h.mu.bstats.fold(&st)
+	return st
+}
