@@ -5,6 +5,7 @@ package ipc
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -68,4 +69,42 @@ func TestShareChunkedBlock(t *testing.T) {
 	}
 	require.NoError(t, a.Free(second))
 	require.NoError(t, a.Free(first))
+}
+
+// TestShareChunkedBlockExportFails: an export that fails part way through
+// a chunked block's allocations fails the share with nothing pinned and
+// no fd of it left open; the allocation exported before it keeps its
+// export (the allocator's, closed when it is released), and the next
+// share exports only what is missing.
+func TestShareChunkedBlockExportFails(t *testing.T) {
+	f := vmmtest.NewFaulty(backendDriver(t, "host"))
+	cfg := expandable.DefaultConfig()
+	cfg.Shareable, cfg.SmallLimit, cfg.LargePageSize, cfg.ChunkBytes = true, 0, 2<<20, 64<<20
+	a, err := expandable.New(f, 0, cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, a.Close()) })
+	e := newExporter(t, ExporterOptions{})
+	start, err := countFDs()
+	require.NoError(t, err)
+	ptr, err := a.Alloc(9<<20, 0) // a chunk of four pages, then a page
+	require.NoError(t, err)
+	before, err := countFDs()
+	require.NoError(t, err)
+	f.FailNth(vmmtest.OpExportFD, 2, vmmtest.ErrInjected)
+	_, err = e.ShareBlock(f, a, ptr)
+	require.ErrorIs(t, err, vmmtest.ErrInjected)
+	require.Zero(t, a.Pinned(), "the failed share unpinned the block")
+	after, err := countFDs()
+	require.NoError(t, err)
+	require.Equal(t, before+1, after, "only the first allocation's kept export stays open")
+	s, err := e.ShareBlock(f, a, ptr)
+	require.NoError(t, err)
+	require.Equal(t, 3, f.Calls(vmmtest.OpExportFD), "the second share exported only the allocation that failed")
+	require.NoError(t, s.Close())
+	require.NoError(t, a.Free(ptr))
+	require.Eventually(t, func() bool { return a.Pinned() == 0 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, a.EmptyCache())
+	after, err = countFDs()
+	require.NoError(t, err)
+	require.Equal(t, start, after, "released allocations close their kept exports")
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/xseg-dev/xseg/expandable"
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/host"
 	"github.com/xseg-dev/xseg/vmm/vmmtest"
@@ -47,10 +48,39 @@ func TestMappingFaultMatrixSpans(t *testing.T) {
 	mappingFaultMatrix(t, desc)
 }
 
+// TestMappingFaultMatrixChunked is the matrix over a block of an
+// allocator with chunks (a chunk and a page of its own), opened through
+// pidfd, whose lease is answered while the pages are mapped, and through
+// the socket.
+func TestMappingFaultMatrixChunked(t *testing.T) {
+	exp := backendDriver(t, "host")
+	cfg := expandable.DefaultConfig()
+	cfg.Shareable, cfg.SmallLimit, cfg.LargePageSize, cfg.ChunkBytes = true, 0, 2<<20, 64<<20
+	a, err := expandable.New(exp, 0, cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, a.Close()) })
+	ptr, err := a.Alloc(9<<20, 0) // four whole pages in a chunk, then a page
+	require.NoError(t, err)
+	e := newExporter(t, ExporterOptions{})
+	s, err := e.ShareBlock(exp, a, ptr)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	require.Equal(t, []int{4, 1}, s.Descriptor().Spans)
+	desc, err := s.MarshalBinary()
+	require.NoError(t, err)
+	if ProbePidfdGetfd() == nil {
+		t.Run("pidfd", func(t *testing.T) { mappingFaultMatrix(t, desc, TransportPidfd) })
+	}
+	t.Run("socket", func(t *testing.T) { mappingFaultMatrix(t, desc) })
+}
+
 // mappingFaultMatrix runs the fault matrix of Open and Close of desc on
-// fresh host drivers.
-func mappingFaultMatrix(t *testing.T, desc []byte) {
-	opts := OpenOptions{Fetch: FetchOptions{Transports: []Transport{TransportSocket}}}
+// fresh host drivers, fetching through via (default: the socket).
+func mappingFaultMatrix(t *testing.T, desc []byte, via ...Transport) {
+	if via == nil {
+		via = []Transport{TransportSocket}
+	}
+	opts := OpenOptions{Fetch: FetchOptions{Transports: via}}
 	open := func(d vmm.Driver) (*Mapping, error) { return Open(context.Background(), desc, d, 0, opts) }
 	closeMapping := func(m **Mapping) func() error {
 		return func() error {
