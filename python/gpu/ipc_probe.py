@@ -52,11 +52,29 @@ def ck(r, what):
         raise RuntimeError(f"{what}: CUDA error {r}")
 
 
+CTX = C.c_void_p()
+# XSEG_PROBE_THREADS=N: the child imports, and grants access per mapping,
+# from N threads at once (does the driver run them in parallel?).
+THREADS = int(os.environ.get("XSEG_PROBE_THREADS", "1"))
+
+
 def init():
     ck(cu.cuInit(0), "cuInit")
-    ctx = C.c_void_p()
-    ck(cu.cuDevicePrimaryCtxRetain(C.byref(ctx), 0), "retain")
-    ck(cu.cuCtxSetCurrent(ctx), "set current")
+    ck(cu.cuDevicePrimaryCtxRetain(C.byref(CTX), 0), "retain")
+    ck(cu.cuCtxSetCurrent(CTX), "set current")
+
+
+def each(fn, items):
+    """fn over items, from THREADS threads (each with the context current)."""
+    if THREADS <= 1:
+        return [fn(x) for x in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(x):
+        ck(cu.cuCtxSetCurrent(CTX), "set current")
+        return fn(x)
+    with ThreadPoolExecutor(THREADS) as pool:
+        return list(pool.map(run, items))
 
 
 PROP = Prop(1, 1, Loc(1, 0), None, Flags())
@@ -80,8 +98,8 @@ def map_all(base, hs, sz, per_map_access):
         ck(cu.cuMemMap(C.c_uint64(base + i * sz), C.c_size_t(sz), C.c_size_t(0), C.c_uint64(h), C.c_uint64(0)), "map")
     t1 = now()
     if per_map_access:
-        for i in range(len(hs)):
-            ck(cu.cuMemSetAccess(C.c_uint64(base + i * sz), C.c_size_t(sz), C.byref(ACC), C.c_size_t(1)), "access")
+        each(lambda i: ck(cu.cuMemSetAccess(C.c_uint64(base + i * sz), C.c_size_t(sz), C.byref(ACC), C.c_size_t(1)),
+                          "access"), range(len(hs)))
     else:
         ck(cu.cuMemSetAccess(C.c_uint64(base), C.c_size_t(sz * len(hs)), C.byref(ACC), C.c_size_t(1)), "access")
     t2 = now()
@@ -108,12 +126,13 @@ def child(sock, per_map_access):
             fds += got
         t = {}
         t0 = now()
-        hs = []
-        for fd in fds:
+        def imp(fd):
             h = C.c_uint64()
             ck(cu.cuMemImportFromShareableHandle(C.byref(h), C.c_void_p(fd), 1), "import")
-            hs.append(h.value)
+            return h.value
+        hs = each(imp, fds)
         t["import"] = now() - t0
+        t["threads"] = THREADS
         t1 = now()
         base = reserve(n * sz)
         t["reserve"] = now() - t1
