@@ -34,7 +34,6 @@ def _wrap(owner, name, log, key):
 
 
 def _consumer(mode, q_in, q_out):
-    import torch
     log = {}
     if mode == "xseg":
         import xseg._lib
