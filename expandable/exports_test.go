@@ -107,6 +107,8 @@ func TestExportFailsCleanly(t *testing.T) {
 	exportAll(t, pin)
 	require.Equal(t, 1, a.pages.keptExports())
 	require.NoError(t, pin.Unpin())
+	_, err = pin.ExportFD(0)
+	require.ErrorIs(t, err, vmm.ErrInvalid, "an ended pin exports nothing: its handles may name other memory by now")
 	require.NoError(t, a.Free(p))
 }
 

@@ -2,6 +2,7 @@ package expandable
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/internal/core"
@@ -37,9 +38,17 @@ func (a *Allocator) PinBlock(ptr vmm.DevicePtr) (handles.Pin, error) {
 	if err != nil {
 		return handles.Pin{}, err
 	}
+	// After the unpin the allocations may be released and their handle
+	// numbers reused: the pin exports nothing then.
+	var unpinned atomic.Bool
+	pin.Unpin = func() error { unpinned.Store(true); return unpin() }
 	pages := pin.Pages
-	pin.ExportFD = func(i int) (int, error) { return a.pages.exportFD(pages[i]) }
-	pin.Unpin = unpin
+	pin.ExportFD = func(i int) (int, error) {
+		if unpinned.Load() {
+			return -1, fmt.Errorf("exporting allocation %d of block %v: the pin has ended: %w", i, ptr, vmm.ErrInvalid)
+		}
+		return a.pages.exportFD(pages[i])
+	}
 	return pin, nil
 }
 

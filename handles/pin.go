@@ -35,7 +35,8 @@ type Pin struct {
 	// ExportFD, when not nil, returns a new posix fd of Pages[i], which
 	// the caller closes: a copy of an export the allocator keeps for as
 	// long as the allocation lives, so that sharing it again costs no
-	// export. Nil: the sharer exports the page with the driver.
+	// export. It fails once Unpin has been called. Nil: the sharer
+	// exports the page with the driver.
 	ExportFD func(i int) (int, error)
 	// Unpin lets the allocator reuse, unmap and release the pages again.
 	Unpin func() error
