@@ -73,42 +73,34 @@ func (p *pages) mapChunkedLocked(seg *core.Seg, first, n, whole int, st *core.St
 		}
 		i += m
 	}
-	var maps int64
+	// One Map an allocation and one SetAccess for the run, as every run
+	// is mapped (pagerun); the allocations are all taken already.
+	var run []vmm.Handle
+	var spans []int
 	for i := first; i < end; {
 		m := 1
 		if c, ok := sp.chunkAt(i); ok {
 			m = int(c.n)
 		}
-		at := seg.Base.Add(uint64(i) * ps)
-		if err := p.d.Map(at, uint64(m)*ps, sp.handles[i], 0); err != nil {
-			return p.undoChunkedLocked(seg, first, i, end, fmt.Errorf("mapping %d pages at %v: %w", m, at, err))
-		}
-		maps++
+		run, spans = append(run, sp.handles[i]), append(spans, m)
 		i += m
 	}
-	ptr := seg.Base.Add(uint64(first) * ps)
-	if err := p.d.SetAccess(ptr, uint64(n)*ps, p.accessLocked()); err != nil {
-		return p.undoChunkedLocked(seg, first, end, end, fmt.Errorf("setting access to %d pages at %v: %w", n, ptr, err))
+	left, err := pagerun.MapSpans(p.d, seg.Base.Add(uint64(first)*ps), ps, spans, run, p.accessLocked(), pagerun.Source{
+		Take: func(i int) (vmm.Handle, error) { return run[i], nil },
+		Give: func([]vmm.Handle) error { return nil }, // giveLocked below
+	})
+	if err != nil {
+		// What a failed undo left mapped stays stuck; the rest goes back.
+		stuck := 0
+		for _, m := range spans[:left] {
+			stuck += m
+		}
+		p.stick(seg, first, stuck)
+		return errors.Join(err, p.giveLocked(seg, first+stuck, end, p.putPage))
 	}
-	st.Maps += maps
+	st.Maps += int64(len(run))
 	st.SetAccessCalls++
 	return nil
-}
-
-// undoChunkedLocked undoes a failed mapChunkedLocked: pages [first,
-// mapped) are mapped, [mapped, end) taken and not mapped. Mapped pages
-// that fail to unmap stay stuck. p.mu is held.
-func (p *pages) undoChunkedLocked(seg *core.Seg, first, mapped, end int, err error) error {
-	errs := []error{err}
-	if mapped > first {
-		at := seg.Base.Add(uint64(first) * seg.PageSize)
-		if uerr := pagerun.Unmap(p.d, at, seg.PageSize, mapped-first); uerr != nil {
-			errs = append(errs, fmt.Errorf("undoing the mapping (%d pages stay mapped): %w", mapped-first, uerr))
-			p.stick(seg, first, mapped-first)
-			first = mapped
-		}
-	}
-	return errors.Join(append(errs, p.giveLocked(seg, first, end, p.putPage))...)
 }
 
 // giveLocked hands back the unmapped pages [lo, hi) of seg and clears
