@@ -329,10 +329,8 @@ func (h *Heap) handOutLocked(b *block, rs, req uint64) *block {
 func (h *Heap) Free(ptr vmm.DevicePtr) error {
 	h.mu.Lock()
 	b := h.blockLocked(ptr)
-	if b != nil && b.state == stAllocated && !h.mu.closed && len(b.uses) == 0 &&
-		h.mu.hist == nil && len(h.mu.pins) == 0 && len(h.mu.routes) == 0 &&
-		h.cfg.ReleaseThreshold == 0 && b.seg.st.key.private.IsZero() {
-		h.mu.handed[handedSlot(ptr)] = nil
+	if h.plainFreeLocked(b) {
+		h.unhandLocked(b)
 		h.unallocateLocked(b)
 		h.deactivateLocked(b)
 		if invariantsOn {
@@ -353,9 +351,7 @@ func (h *Heap) freeLocked(ptr vmm.DevicePtr, b *block) error {
 	if b == nil || b.state != stAllocated {
 		return h.badFreeLocked(ptr, b)
 	}
-	if h.mu.handed[handedSlot(ptr)] == b {
-		h.mu.handed[handedSlot(ptr)] = nil
-	}
+	h.unhandLocked(b)
 	if len(b.uses) > 0 {
 		if h.capturingLocked() {
 			h.deferLocked(b)
@@ -387,6 +383,23 @@ func (h *Heap) freeLocked(ptr vmm.DevicePtr, b *block) error {
 		h.checkLocked()
 	}
 	return nil
+}
+
+// plainFreeLocked reports whether freeing b takes only the warm path:
+// an allocated block of a shared pool, used on its own stream only, with
+// no history, pins, route or release threshold to mind.
+func (h *Heap) plainFreeLocked(b *block) bool {
+	return b != nil && b.state == stAllocated && !h.mu.closed && len(b.uses) == 0 &&
+		h.mu.hist == nil && len(h.mu.pins) == 0 && len(h.mu.routes) == 0 &&
+		h.cfg.ReleaseThreshold == 0 && b.seg.st.key.private.IsZero()
+}
+
+// unhandLocked takes freed block b out of Heap.mu.handed, where it sits
+// unless another block took its slot since.
+func (h *Heap) unhandLocked(b *block) {
+	if slot := handedSlot(b.ptr); h.mu.handed[slot] == b {
+		h.mu.handed[slot] = nil
+	}
 }
 
 // handedSlot is the slot of a block at ptr in Heap.mu.handed.
