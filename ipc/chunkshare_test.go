@@ -14,6 +14,18 @@ import (
 	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
+// chunkedAlloc makes a shareable allocator on d with one pool of 2 MiB
+// pages and chunks of up to 64 MiB.
+func chunkedAlloc(t *testing.T, d vmm.Driver) *expandable.Allocator {
+	t.Helper()
+	cfg := expandable.DefaultConfig()
+	cfg.Shareable, cfg.SmallLimit, cfg.LargePageSize, cfg.ChunkBytes = true, 0, 2<<20, 64<<20
+	a, err := expandable.New(d, 0, cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, a.Close()) })
+	return a
+}
+
 // TestShareChunkedBlock: blocks of an allocator with chunks (a growth's
 // inside is one allocation) are shared with their spans and read right
 // through pidfd and the socket, a block starting inside another's last
@@ -22,11 +34,7 @@ import (
 func TestShareChunkedBlock(t *testing.T) {
 	imp := backendDriver(t, "host")
 	f := vmmtest.NewFaulty(backendDriver(t, "host"))
-	cfg := expandable.DefaultConfig()
-	cfg.Shareable, cfg.SmallLimit, cfg.LargePageSize, cfg.ChunkBytes = true, 0, 2<<20, 64<<20
-	a, err := expandable.New(f, 0, cfg, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, a.Close()) })
+	a := chunkedAlloc(t, f)
 	e := newExporter(t, ExporterOptions{})
 	ctx := context.Background()
 	var opts []OpenOptions
@@ -78,11 +86,7 @@ func TestShareChunkedBlock(t *testing.T) {
 // share exports only what is missing.
 func TestShareChunkedBlockExportFails(t *testing.T) {
 	f := vmmtest.NewFaulty(backendDriver(t, "host"))
-	cfg := expandable.DefaultConfig()
-	cfg.Shareable, cfg.SmallLimit, cfg.LargePageSize, cfg.ChunkBytes = true, 0, 2<<20, 64<<20
-	a, err := expandable.New(f, 0, cfg, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, a.Close()) })
+	a := chunkedAlloc(t, f)
 	e := newExporter(t, ExporterOptions{})
 	start, err := countFDs()
 	require.NoError(t, err)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/xseg-dev/xseg/expandable"
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/host"
 	"github.com/xseg-dev/xseg/vmm/vmmtest"
@@ -54,11 +53,7 @@ func TestMappingFaultMatrixSpans(t *testing.T) {
 // the socket.
 func TestMappingFaultMatrixChunked(t *testing.T) {
 	exp := backendDriver(t, "host")
-	cfg := expandable.DefaultConfig()
-	cfg.Shareable, cfg.SmallLimit, cfg.LargePageSize, cfg.ChunkBytes = true, 0, 2<<20, 64<<20
-	a, err := expandable.New(exp, 0, cfg, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, a.Close()) })
+	a := chunkedAlloc(t, exp)
 	ptr, err := a.Alloc(9<<20, 0) // four whole pages in a chunk, then a page
 	require.NoError(t, err)
 	e := newExporter(t, ExporterOptions{})
