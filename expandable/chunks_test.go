@@ -63,7 +63,8 @@ func TestChunksFewCreates(t *testing.T) {
 // TestChunkSplitOnCarve: a wholly free chunk goes under the release
 // threshold; a block carved from a free chunk that would end inside it
 // splits it (the chunk is unmapped whole, after a sync, and the block
-// grows into the hole with a chunk of its own), so that no chunk is shared
+// grows into the hole with pages: the memory was held before, so it is
+// within the chunk mark), so that no chunk is shared
 // by a live block and free memory: freeing one of two blocks gives its
 // memory back.
 func TestChunkSplitOnCarve(t *testing.T) {
@@ -89,18 +90,25 @@ func TestChunkSplitOnCarve(t *testing.T) {
 	st := a2.Stats()
 	require.Equal(t, int64(1), st.Unmaps, "the chunk x would end inside, unmapped whole")
 	require.Equal(t, syncs+1, st.Syncs, "after waiting for its stream")
-	require.Equal(t, int64(2), st.PagesCreated, "x gets a chunk of its own")
+	require.Equal(t, int64(1+15), st.PagesCreated, "x gets pages: it stays within the 64 MiB the allocator held")
 	require.Equal(t, int64(30*mib), st.ReservedBytes.All.Current, "the rest of the chunk went back")
 	y, err := a2.Alloc(30*mib, 0)
 	require.NoError(t, err)
-	require.Equal(t, int64(3), a2.Stats().PagesCreated)
-	require.Equal(t, 2, d.Usage().Mappings)
+	require.Equal(t, int64(1+15+15), a2.Stats().PagesCreated, "y too: 60 MiB is still within the mark")
+	require.Equal(t, 30, d.Usage().Mappings)
 	require.NoError(t, a2.Free(x))
 	require.NoError(t, a2.EmptyCache())
 	st = a2.Stats()
-	require.Equal(t, int64(30*mib), st.ReservedBytes.All.Current, "x's chunk goes; y's stays")
-	require.Equal(t, 1, d.Usage().Mappings)
+	require.Equal(t, int64(30*mib), st.ReservedBytes.All.Current, "x's pages go; y's stay")
+	require.Equal(t, 15, d.Usage().Mappings)
 	require.NoError(t, d.CopyHtoD(y, make([]byte, 30*mib)), "y is still mapped")
+	// Emptied, the allocator holds 30 MiB: a growth past that claims memory
+	// anew and gets a chunk again.
+	z, err := a2.Alloc(40*mib, 0)
+	require.NoError(t, err)
+	require.Equal(t, int64(1+15+15+1), a2.Stats().PagesCreated, "z: one chunk past the mark")
+	require.Equal(t, 16, d.Usage().Mappings)
+	require.NoError(t, a2.Free(z))
 	require.NoError(t, a2.Free(y))
 	require.NoError(t, a2.EmptyCache())
 	require.Zero(t, a2.Stats().ReservedBytes.All.Current)
@@ -205,4 +213,45 @@ func TestChunksPauseResume(t *testing.T) {
 	for _, b := range bs {
 		require.NoError(t, e.a.Free(b.ptr))
 	}
+}
+
+// TestChunksSettleInALoop: a loop whose blocks turn over below what the
+// allocator has held (a training step whose sizes change from step to
+// step) splits the freed chunk once and then runs on pages, recycled from
+// step to step: no new physical allocations after the first rounds, where
+// chunks re-made at the frontier would be split and made again every
+// round.
+func TestChunksSettleInALoop(t *testing.T) {
+	cfg := chunkConfig(64 * mib)
+	cfg.RecyclePages = true
+	d := vmmtest.HostDriver(t, 1<<30)
+	a := newAlloc(t, d, cfg)
+	big, err := a.Alloc(100*mib, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, a.Stats().PagesCreated, "two chunks")
+	require.NoError(t, a.Free(big))
+	sizes := [][]uint64{{30 * mib, 22 * mib, 40 * mib}, {26 * mib, 31 * mib, 36 * mib}}
+	var created int64
+	for round := range 8 {
+		var ps []vmm.DevicePtr
+		for _, size := range sizes[round%2] {
+			p, err := a.Alloc(size, 0)
+			require.NoError(t, err)
+			ps = append(ps, p)
+		}
+		for _, p := range ps {
+			require.NoError(t, a.Free(p))
+		}
+		st := a.Stats()
+		if round == 1 {
+			created = st.PagesCreated
+		}
+		if round > 1 {
+			require.Equal(t, created, st.PagesCreated, "round %d: no new physical allocations", round)
+		}
+		require.LessOrEqual(t, st.ReservedBytes.All.Peak, int64(100*mib))
+	}
+	require.NoError(t, a.EmptyCache())
+	require.Zero(t, a.Stats().ReservedBytes.All.Current)
+	require.Zero(t, d.Usage().Handles)
 }

@@ -72,7 +72,11 @@ type Config struct {
 	// multiple of the pool's page size, each mapped with one Map, instead
 	// of one allocation a page (the page the block ends in, which a later
 	// block may share, stays a page of its own; so do growths into holes
-	// inside the range). A chunk is unmapped only whole (the core rounds
+	// inside the range, and growths that stay within the most the
+	// allocator has reserved since it was made or last emptied with
+	// EmptyCache: memory held before was given back by a split or by
+	// recycling, where sizes turn over, so a chunk there would be split
+	// again; a loop settles on pages instead of splitting every step). A chunk is unmapped only whole (the core rounds
 	// free ranges in to whole chunks) and released when unmapped, never
 	// cached. A block carved from a free chunk that would end inside it
 	// splits it first: the chunk is unmapped, after waiting for its

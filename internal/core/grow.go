@@ -253,8 +253,13 @@ func (h *Heap) mapIntoLocked(hole *block, rs uint64) (*block, error) {
 	// at the segment's frontier (nothing mapped past the hole) they may
 	// be one physical allocation. A hole inside the segment was opened by
 	// unmapping free pages, where sizes have turned over: it gets pages.
+	// So does a growth that stays within what the Heap has held since its
+	// last EmptyCache (the chunk mark): memory it held before and gave
+	// back was given back by a split or by recycling, where sizes turned
+	// over too; a chunk there would be split again, and a training loop
+	// would pay a split and a new chunk every step.
 	var whole uint64
-	if hole.next == nil {
+	if hole.next == nil && h.pastChunkMarkLocked(seg, size) {
 		whole = min(size, uint64(max(0, int64(growStart(hole).Add(rs)-hole.ptr)))/seg.PageSize*seg.PageSize)
 	}
 	if err := h.back.Map(seg, hole.ptr, size, whole, &h.mu.stats); err != nil {
@@ -297,6 +302,18 @@ func (h *Heap) addMappedLocked(seg *Seg, n int64) {
 	h.syncReservedLocked()
 }
 
+// pastChunkMarkLocked reports whether mapping size bytes into seg takes
+// the Heap past its chunk mark: whether the pages the cache cannot give
+// bring the reserved bytes over the most it has reserved since it was
+// made or last emptied (EmptyCache). Only chunks (Config.ChunkBytes) ask.
+func (h *Heap) pastChunkMarkLocked(seg *Seg, size uint64) bool {
+	if h.bounds == nil {
+		return false
+	}
+	fresh := size - min(size, h.usableCachedLocked(seg.Pool))
+	return fresh > 0 && uint64(h.mu.stats.ReservedBytes.All.Current)+fresh > h.mu.chunkMark
+}
+
 // syncReservedLocked sets ReservedBytes to the mapped bytes plus the pages
 // the Backing caches, per pool.
 func (h *Heap) syncReservedLocked() {
@@ -306,6 +323,7 @@ func (h *Heap) syncReservedLocked() {
 			h.mu.stats.ReservedBytes.Add(p, want-cur)
 		}
 	}
+	h.mu.chunkMark = max(h.mu.chunkMark, uint64(h.mu.stats.ReservedBytes.All.Current))
 }
 
 // newSegmentLocked asks the Backing for a segment of st that holds at

@@ -59,13 +59,16 @@ type Heap struct {
 		nodes  *btree.FreeListG[*block]
 		// stats are the statistics but for those of blocks, which
 		// bstats keeps (hotstats.go): read them with statsLocked.
-		stats   Stats
-		bstats  blockStats
-		mapped  [NumPools]uint64 // bytes mapped, by pool
-		pending []pendingEvent
-		events  []vmm.Event // recorded and completed, for reuse
-		freed   chan struct{}
-		pins    map[*block]int // pin counts of shared blocks (pin.go)
+		stats  Stats
+		bstats blockStats
+		mapped [NumPools]uint64 // bytes mapped, by pool
+		// chunkMark is the most ReservedBytes has been since the Heap was
+		// made or last emptied: chunks are made only past it (grow.go).
+		chunkMark uint64
+		pending   []pendingEvent
+		events    []vmm.Event // recorded and completed, for reuse
+		freed     chan struct{}
+		pins      map[*block]int // pin counts of shared blocks (pin.go)
 		// streams are the streams the driver has confirmed live
 		// (streams.go), lastStream the one Alloc saw last: a stream is
 		// checked once, not on every allocation.

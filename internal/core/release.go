@@ -24,6 +24,9 @@ func (h *Heap) EmptyCache() error {
 	h.settleLocked()
 	err := h.waitPendingLocked(allBlocks)
 	err = errors.Join(err, h.releaseAllLocked(), h.destroyEventsLocked())
+	// What is held now is what stays: a growth past it claims memory
+	// anew, and may take chunks again (pastChunkMarkLocked).
+	h.mu.chunkMark = uint64(h.mu.stats.ReservedBytes.All.Current)
 	if invariantsOn {
 		h.checkLocked()
 	}
