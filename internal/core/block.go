@@ -36,9 +36,14 @@ type block struct {
 	nextExact  *block // next of the same exact-size list
 	// list is the exact-size list the block was last in or taken from,
 	// a hint that spares pushExact a map lookup; it may be stale.
-	list    *exactList
-	uses    []vmm.Stream
-	events  int // pending events before a pending block is free
+	list   *exactList
+	uses   []vmm.Stream
+	events int // pending events before a pending block is free
+	// freed is the Heap's free sequence number when the block last became
+	// free (the largest of the blocks merged into it); 0 for pages mapped
+	// since and never handed out. A stream mark whose event completed
+	// says every block freed before it is idle (marks.go).
+	freed   uint64
 	state   blockState
 	inExact bool
 	// deferred: freed while a pool was active, its stream events not yet

@@ -51,7 +51,7 @@ func (h *Heap) splitChunkLocked(b *block, rs uint64) bool {
 		return false
 	}
 	b.seg.st.insertFree(b)
-	if err := h.quiesceLocked(seg, false); err != nil {
+	if err := h.quiesceLocked(seg, b); err != nil {
 		h.log.Warn("xseg: waiting before splitting a physical allocation", "err", err)
 		b.seg.st.removeFree(b)
 		return false
@@ -277,6 +277,7 @@ func (h *Heap) mapIntoLocked(hole *block, rs uint64) (*block, error) {
 		h.removeHole(hole)
 	}
 	hole.state = stFree
+	hole.freed = 0 // fresh pages: no work has touched them
 	h.mu.blocks[hole.ptr] = hole
 	b := h.coalesce(hole)
 	b.seg.st.removeFree(b)

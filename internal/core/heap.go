@@ -65,10 +65,14 @@ type Heap struct {
 		// chunkMark is the most ReservedBytes has been since the Heap was
 		// made or last emptied: chunks are made only past it (grow.go).
 		chunkMark uint64
-		pending   []pendingEvent
-		events    []vmm.Event // recorded and completed, for reuse
-		freed     chan struct{}
-		pins      map[*block]int // pin counts of shared blocks (pin.go)
+		// freeSeq numbers the frees (block.freed); marks are the
+		// streams' marks (marks.go).
+		freeSeq uint64
+		marks   map[vmm.Stream]*streamMark
+		pending []pendingEvent
+		events  []vmm.Event // recorded and completed, for reuse
+		freed   chan struct{}
+		pins    map[*block]int // pin counts of shared blocks (pin.go)
 		// streams are the streams the driver has confirmed live
 		// (streams.go), lastStream the one Alloc saw last: a stream is
 		// checked once, not on every allocation.
@@ -463,6 +467,8 @@ func (h *Heap) deactivateLocked(b *block) {
 	}
 	h.mu.bstats.deactivate(b.seg.Pool, b.size)
 	b.state = stFree
+	h.mu.freeSeq++
+	b.freed = h.mu.freeSeq
 	st := b.seg.st
 	if st.exactN < maxExact {
 		st.pushExact(b)

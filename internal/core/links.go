@@ -7,7 +7,7 @@ import "slices"
 // into the ptr map.
 func (h *Heap) splitAt(b *block, off uint64) *block {
 	r := h.newBlock()
-	r.ptr, r.size, r.seg, r.state = b.ptr.Add(off), b.size-off, b.seg, b.state
+	r.ptr, r.size, r.seg, r.state, r.freed = b.ptr.Add(off), b.size-off, b.seg, b.state, b.freed
 	if b.state == stAllocated || b.state == stPending {
 		r.state = stFree
 	}
@@ -47,12 +47,14 @@ func (h *Heap) coalesce(b *block) *block {
 	if p := b.prev; p.isFreeIn() {
 		st.removeFree(p)
 		p.size += b.size
+		p.freed = max(p.freed, b.freed)
 		h.unlink(b)
 		b = p
 	}
 	if n := b.next; n.isFreeIn() {
 		st.removeFree(n)
 		b.size += n.size
+		b.freed = max(b.freed, n.freed)
 		h.unlink(n)
 	}
 	st.insertFree(b)

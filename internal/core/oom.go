@@ -26,6 +26,9 @@ import (
 //
 // It releases the lock while it waits or sleeps.
 func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, error) {
+	if st.key.private.IsZero() {
+		h.touchMarksLocked(st.key.stream)
+	}
 	b, err := h.findLocked(st, rs)
 	if !errors.Is(err, vmm.ErrOutOfMemory) {
 		return b, wrapAlloc(req, err)

@@ -168,9 +168,10 @@ func (h *Heap) freeMappedLocked() int64 {
 }
 
 // unmapFreeLocked unmaps the whole pages inside free blocks of seg, up to
-// about budget bytes, after waiting for the work queued on the segment's
-// stream (unless synced: the caller waited for the whole device) and for
-// the pending blocks of the segment. It leaves alone what keep says. The
+// about budget bytes, after waiting for the pending blocks of the segment
+// and for the work queued on the segment's stream (unless synced: the
+// caller waited for the whole device; or the blocks were all freed before
+// the stream's last completed mark, idleLocked). It leaves alone what keep says. The
 // exact-size lists of the segment's state must have been flushed. With
 // exact it unmaps no more than budget (a multiple of the page size): from
 // the low end of the last free block it takes pages of, not the whole
@@ -179,10 +180,40 @@ func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, keep keepOut, synced, ex
 	if !hasWholePage(seg, keep) {
 		return 0, nil
 	}
-	if err := h.quiesceLocked(seg, synced); err != nil {
+	if err := h.waitPendingLocked(func(b *block) bool { return b.seg == seg }); err != nil {
 		return 0, err
 	}
 	h.flush(seg.st)
+	if !synced && !h.idleLocked(seg, keep) {
+		h.mu.stats.Syncs++
+		if err := h.syncStreamLocked(seg.Stream); err != nil {
+			return 0, fmt.Errorf("synchronizing stream %#x before unmapping: %w", uintptr(seg.Stream), err)
+		}
+		h.streamIdleLocked(seg.Stream)
+	}
+	return h.unmapPassLocked(seg, budget, keep, exact)
+}
+
+// idleLocked reports whether every free block of seg with pages to unmap
+// was freed before the stream's last completed mark (marks.go): then no
+// work can touch them and the unmap need not wait for the stream. All or
+// nothing: which pages go stays the same, only the wait is spared.
+func (h *Heap) idleLocked(seg *Seg, keep keepOut) bool {
+	if h.capturingLocked() {
+		return false
+	}
+	idle := h.idleBeforeLocked(seg.Stream)
+	for b := seg.first; b != nil; b = b.next {
+		if lo, hi := keep.pages(seg, b); hi > lo && b.freed >= idle {
+			return false
+		}
+	}
+	return true
+}
+
+// unmapPassLocked unmaps, in address order, the whole pages of seg's free
+// blocks up to about budget bytes (see unmapFreeLocked).
+func (h *Heap) unmapPassLocked(seg *Seg, budget uint64, keep keepOut, exact bool) (uint64, error) {
 	var done uint64
 	for b := seg.first; b != nil && done < budget; {
 		lo, hi := keep.pages(seg, b)
@@ -208,17 +239,23 @@ func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, keep keepOut, synced, ex
 	return done, nil
 }
 
-// quiesceLocked waits for what may still touch seg's free pages before
-// they are unmapped: the work queued on its stream (unless synced: the
-// caller waited for the whole device) and its pending blocks.
-func (h *Heap) quiesceLocked(seg *Seg, synced bool) error {
-	if !synced {
-		h.mu.stats.Syncs++
-		if err := h.syncStreamLocked(seg.Stream); err != nil {
-			return fmt.Errorf("synchronizing stream %#x before unmapping: %w", uintptr(seg.Stream), err)
-		}
+// quiesceLocked waits for what may still touch seg's free block b before
+// its pages are unmapped: the pending blocks of seg, and the work queued
+// on its stream unless b was freed before the stream's last completed
+// mark (marks.go).
+func (h *Heap) quiesceLocked(seg *Seg, b *block) error {
+	if err := h.waitPendingLocked(func(x *block) bool { return x.seg == seg }); err != nil {
+		return err
 	}
-	return h.waitPendingLocked(func(b *block) bool { return b.seg == seg })
+	if !h.capturingLocked() && b.freed < h.idleBeforeLocked(seg.Stream) {
+		return nil
+	}
+	h.mu.stats.Syncs++
+	if err := h.syncStreamLocked(seg.Stream); err != nil {
+		return fmt.Errorf("synchronizing stream %#x before unmapping: %w", uintptr(seg.Stream), err)
+	}
+	h.streamIdleLocked(seg.Stream)
+	return nil
 }
 
 // keepOut is what an unmap of free pages leaves mapped: the free blocks

@@ -211,8 +211,9 @@ func (h *Heap) waitPendingLocked(match func(*block) bool) error {
 	return errors.Join(errs...)
 }
 
-// destroyEventsLocked destroys the pooled events.
+// destroyEventsLocked destroys the pooled events and the streams' marks.
 func (h *Heap) destroyEventsLocked() error {
+	h.dropMarksLocked()
 	var errs []error
 	for _, ev := range h.mu.events {
 		if err := h.drv.EventDestroy(ev); err != nil {

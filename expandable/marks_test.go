@@ -1,0 +1,91 @@
+package expandable
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
+)
+
+// marksScene: under recycle_pages, a 40 MiB block freed long ago, and
+// 200 allocations and frees of distinct sizes in a small free region
+// between two fences after it (the slow path records stream marks).
+// Returns a function that frees the fences.
+func marksScene(t *testing.T, a *Allocator) func() {
+	t.Helper()
+	old, err := a.Alloc(40*mib, 0)
+	require.NoError(t, err)
+	fence, err := a.Alloc(2*mib, 0)
+	require.NoError(t, err)
+	room, err := a.Alloc(4*mib, 0)
+	require.NoError(t, err)
+	fence2, err := a.Alloc(2*mib, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(old))
+	require.NoError(t, a.Free(room))
+	for i := range 200 {
+		p, err := a.Alloc(mib+uint64(i)*512, 0)
+		require.NoError(t, err)
+		require.True(t, p >= room && p < room.Add(4*mib), "the churn stays in its room")
+		require.NoError(t, a.Free(p))
+	}
+	// The room and fence2 make one free block before the end: a growth
+	// starts there and takes 18 pages, which the old block has.
+	require.NoError(t, a.Free(fence2))
+	return func() { require.NoError(t, a.Free(fence)) }
+}
+
+// TestStreamMarks: a growth that recycles the pages of a block freed
+// before a stream mark that has completed unmaps them without waiting for
+// the stream; while the marks are incomplete (the stream still busy) it
+// waits. (A block freed after the last mark is waited for: the chunk
+// split of TestChunkSplitOnCarve.)
+func TestStreamMarks(t *testing.T) {
+	for _, busy := range []bool{false, true} {
+		g := &vmmtest.CaptureGuard{Driver: vmmtest.HostDriver(t, 1<<30)}
+		g.Hold.Store(busy)
+		a := newAlloc(t, g, recycleConfig(true))
+		freeFences := marksScene(t, a)
+		before := a.Stats()
+		big, err := a.Alloc(42*mib, 0)
+		require.NoError(t, err)
+		st := a.Stats()
+		require.Greater(t, st.Unmaps, before.Unmaps, "busy %v: the old block's pages are recycled", busy)
+		require.LessOrEqual(t, st.ReservedBytes.All.Peak, int64(70*mib), "busy %v: recycled, not grown", busy)
+		if busy {
+			require.Equal(t, before.Syncs+1, st.Syncs, "marks incomplete: the stream is waited for")
+		} else {
+			require.Equal(t, before.Syncs, st.Syncs, "freed before a completed mark: no wait")
+		}
+		require.NoError(t, a.Free(big))
+		freeFences()
+		require.NoError(t, a.EmptyCache())
+		require.Zero(t, g.Usage().Events, "busy %v: EmptyCache destroys the marks' events", busy)
+	}
+}
+
+// TestStreamMarksFaults: when recording or querying a mark fails, the
+// unmap waits for the stream, as without marks; nothing leaks.
+func TestStreamMarksFaults(t *testing.T) {
+	for _, op := range []vmmtest.Op{vmmtest.OpEventCreate, vmmtest.OpEventRecord, vmmtest.OpEventQuery} {
+		host := vmmtest.HostDriver(t, 1<<30)
+		f := vmmtest.NewFaulty(host, vmmtest.Injector{Where: vmmtest.Ops(op), When: vmmtest.Always()})
+		a, err := New(f, 0, recycleConfig(true), nil)
+		require.NoError(t, err)
+		freeFences := marksScene(t, a)
+		before := a.Stats()
+		big, err := a.Alloc(42*mib, 0)
+		require.NoError(t, err, "%s failing", op)
+		st := a.Stats()
+		require.Greater(t, st.Unmaps, before.Unmaps)
+		require.Equal(t, before.Syncs+1, st.Syncs, "%s failing: the stream is waited for", op)
+		require.NoError(t, a.Free(big))
+		freeFences()
+		require.NoError(t, a.Close())
+		u := host.Usage()
+		require.Zero(t, u.Events, "%s failing", op)
+		require.Zero(t, u.Handles)
+		require.Zero(t, u.Mappings)
+	}
+}
