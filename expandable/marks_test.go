@@ -89,3 +89,19 @@ func TestStreamMarksFaults(t *testing.T) {
 		require.Zero(t, u.Mappings)
 	}
 }
+
+// TestStreamMarksAskSeldom: while a mark stays in flight (the stream
+// busy), the slow path asks the driver about it once every 64 frees at
+// most, not at every allocation.
+func TestStreamMarksAskSeldom(t *testing.T) {
+	g := &vmmtest.CaptureGuard{Driver: vmmtest.HostDriver(t, 1<<30)}
+	g.Hold.Store(true)
+	f := vmmtest.NewFaulty(g)
+	a := newAlloc(t, f, recycleConfig(true))
+	freeFences := marksScene(t, a) // 202 frees, 200 of them after a slow-path allocation
+	queries, records := f.Calls(vmmtest.OpEventQuery), f.Calls(vmmtest.OpEventRecord)
+	require.LessOrEqual(t, queries, 202/64, "queries of the mark in flight")
+	require.GreaterOrEqual(t, queries, 1, "the mark in flight is asked about")
+	require.Equal(t, 1, records, "one mark, never seen complete")
+	freeFences()
+}

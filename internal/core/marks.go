@@ -21,6 +21,7 @@ type streamMark struct {
 	seq      uint64    // h.mu.freeSeq when ev was recorded
 	inFlight bool      // ev recorded and not yet seen complete
 	idle     uint64    // blocks with freed < idle are idle
+	tried    uint64    // h.mu.freeSeq when the slow path last asked the driver
 }
 
 // markEvery is how many frees pass between two marks of a stream at least.
@@ -44,13 +45,17 @@ func (h *Heap) streamIdleLocked(s vmm.Stream) {
 }
 
 // touchMarksLocked records a new mark on stream s when the last one has
-// completed and enough frees have passed: called on the slow path of
-// Alloc, so that a later unmap finds a recent mark.
+// completed: called on the slow path of Alloc, so that a later unmap
+// finds a recent mark. It asks the driver (a query, perhaps a record)
+// once every markEvery frees at most, whatever the answer, so that a
+// mark long in flight or a failing driver costs the slow path nothing
+// in between.
 func (h *Heap) touchMarksLocked(s vmm.Stream) {
 	m := h.markLocked(s)
-	if h.mu.freeSeq+1 < m.seq+markEvery {
+	if h.mu.freeSeq < m.tried+markEvery {
 		return
 	}
+	m.tried = h.mu.freeSeq
 	h.refreshMarkLocked(s, m)
 }
 
