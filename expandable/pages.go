@@ -41,6 +41,13 @@ type pages struct {
 	looseBytes [core.NumPools]uint64
 	// exports are the kept exports of shared allocations (exports.go).
 	exports exports
+	// ghosts counts, by handle, the retired places a page is still
+	// mapped at (retire.go); held are the pages the cache gave up while
+	// so mapped, released once their last ghost is unmapped. They count
+	// as cached.
+	ghosts    map[vmm.Handle]int
+	held      [core.NumPools][]vmm.Handle
+	heldBytes [core.NumPools]uint64
 
 	mu struct {
 		sync.Mutex
@@ -68,6 +75,9 @@ type segPages struct {
 	// handles. Nil while Config.ChunkBytes is 0.
 	spans []chunkSpan
 	stuck []stuckRun // pages a failed Map left mapped in a hole
+	// ghosts: by page index, the page retired from there and still
+	// mapped there (retire.go); 0 where none.
+	ghosts []vmm.Handle
 }
 
 // chunkSpan is a chunk: its first page and how many pages it has.
@@ -130,6 +140,9 @@ func (p *pages) NewSegment(seg *core.Seg, size uint64, _ *core.Stats) error {
 func (p *pages) DropSegment(seg *core.Seg, _ *core.Stats) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if i := seg.Data.(*segPages).ghostIn(0, math.MaxInt); i >= 0 {
+		return fmt.Errorf("dropping segment %v: page %d is retired and still mapped: %w", seg.Base, i, vmm.ErrInUse)
+	}
 	if err := p.unstickLocked(seg, 0, math.MaxInt); err != nil {
 		return err
 	}
@@ -170,6 +183,9 @@ func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size, whole uint64, st *co
 	}
 	if err := p.unstickLocked(seg, first, first+n); err != nil {
 		return fmt.Errorf("mapping %d pages at %v: %w", n, ptr, err)
+	}
+	if i := sp.ghostIn(first, first+n); i >= 0 {
+		return fmt.Errorf("mapping %d pages at %v: page %d is retired and still mapped: %w", n, ptr, i, vmm.ErrInvalid)
 	}
 	if whole = min(whole, size) / ps * ps; p.chunkPages(seg.Pool) > 1 && whole > 0 && whole >= p.cfg.ChunkMinBytes {
 		return p.mapChunkedLocked(seg, first, n, int(whole/ps), st)
@@ -361,7 +377,7 @@ func (p *pages) SettlePages(_ *core.Stats) error {
 // CachedBytes is the size of the cached pages of pool and of its stuck
 // pages: physical memory held outside the mapped blocks.
 func (p *pages) CachedBytes(pool core.Pool) uint64 {
-	return p.cacheBytes[pool] + p.stuckBytes[pool] + p.looseBytes[pool]
+	return p.cacheBytes[pool] + p.stuckBytes[pool] + p.looseBytes[pool] + p.heldBytes[pool]
 }
 
 // ReleaseCache unmaps every stuck page into the cache, then releases every
@@ -377,6 +393,10 @@ func (p *pages) ReleaseCache(_ *core.Stats) error {
 	for pool := range p.cache {
 		var err error
 		p.cache[pool], err = releaseEach(p.cache[pool], func(h vmm.Handle) error {
+			if p.ghosts[h] > 0 {
+				p.hold1(core.Pool(pool), h)
+				return nil
+			}
 			if err := p.release(h); err != nil {
 				return fmt.Errorf("releasing page %#x: %w", uint64(h), err)
 			}

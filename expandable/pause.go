@@ -41,6 +41,10 @@ func (p *pages) PauseRuns(runs []core.Run, st *core.Stats) error {
 // releasePage releases page h, or keeps it in the cache if the driver
 // fails to: ReleaseCache tries again.
 func (p *pages) releasePage(pool core.Pool, h vmm.Handle) error {
+	if p.ghosts[h] > 0 {
+		p.hold1(pool, h)
+		return nil
+	}
 	if err := p.release(h); err != nil {
 		p.cache[pool] = append(p.cache[pool], h)
 		p.cacheBytes[pool] += p.pageSize(pool)

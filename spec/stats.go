@@ -119,6 +119,10 @@ type Stats struct {
 	// driver and taken from the released-page cache.
 	PagesCreated int64 `json:"num_pages_created"`
 	PagesReused  int64 `json:"num_pages_reused"`
+	// PagesRetired counts pages a growth took from a free block of its
+	// stream without waiting for the stream, unmapping their old
+	// addresses later (Config.RecyclePages).
+	PagesRetired int64 `json:"num_pages_retired"`
 	// MemoryLimit is the cap on ReservedBytes (SetMemoryLimit,
 	// SetMemoryFraction), 0 when there is none: a setting, not a count.
 	MemoryLimit uint64 `json:"memory_limit_bytes"`
@@ -137,7 +141,7 @@ func (s *Stats) ResetAccumulated() {
 		}
 	}
 	s.NumAllocRetries, s.NumOOMs = 0, 0
-	s.Maps, s.Unmaps, s.SetAccessCalls, s.Syncs, s.PagesCreated, s.PagesReused = 0, 0, 0, 0, 0, 0
+	s.Maps, s.Unmaps, s.SetAccessCalls, s.Syncs, s.PagesCreated, s.PagesReused, s.PagesRetired = 0, 0, 0, 0, 0, 0, 0
 }
 
 // ResetPeaks makes every peak the current value.

@@ -89,7 +89,7 @@ for line in sys.stdin:
     print(name, "first step %.0f ms" % (8 * 1024 / r["tokens_per_s"][0] * 1e3),
           "median tokens/s %.0f" % r["median_tokens_per_s"], "peak reserved", r["peak_reserved"],
           "maps", r.get("num_maps"), "created", r.get("num_pages_created"), "set_access", r.get("num_set_access_calls"),
-          "syncs", r.get("num_syncs"), "unmaps", r.get("num_unmaps"))'
+          "syncs", r.get("num_syncs"), "unmaps", r.get("num_unmaps"), "retired", r.get("num_pages_retired"))'
   ;;
 py)
   wheel

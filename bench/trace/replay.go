@@ -53,10 +53,13 @@ type Result struct {
 	Ratio float64 `json:"ratio"`
 	// NsPerEvent is the replay's wall time over the number of events.
 	NsPerEvent float64 `json:"ns_per_event"`
-	// Maps, Unmaps, Retries and OOMs are the allocator's Maps, Unmaps,
-	// NumAllocRetries and NumOOMs at the end of the events.
+	// Maps, Unmaps, Syncs, Retired, Retries and OOMs are the allocator's
+	// Maps, Unmaps, Syncs, PagesRetired, NumAllocRetries and NumOOMs at
+	// the end of the events.
 	Maps    int64 `json:"maps"`
 	Unmaps  int64 `json:"unmaps"`
+	Syncs   int64 `json:"syncs"`
+	Retired int64 `json:"retired"`
 	Retries int64 `json:"retries"`
 	OOMs    int64 `json:"ooms"`
 	// FailedAllocs counts allocations that failed with vmm.ErrOutOfMemory;
@@ -96,7 +99,7 @@ func Replay(t *Trace, a Allocator, opt Options) (Result, error) {
 	if res.PeakLive > 0 {
 		res.Ratio = float64(res.PeakReserved) / float64(res.PeakLive)
 	}
-	res.Maps, res.Unmaps = st.Maps, st.Unmaps
+	res.Maps, res.Unmaps, res.Syncs, res.Retired = st.Maps, st.Unmaps, st.Syncs, st.PagesRetired
 	res.Retries, res.OOMs = st.NumAllocRetries, st.NumOOMs
 	return res, errors.Join(err, freeLive(t, a, ptrs))
 }

@@ -96,7 +96,7 @@ func TestReplayJSONKeys(t *testing.T) {
 	}
 	sort.Strings(keys)
 	require.Equal(t, []string{"events", "maps", "ns_per_event", "ooms", "peak_live", "peak_reserved",
-		"ratio", "retries", "trace", "unmaps"}, keys)
+		"ratio", "retired", "retries", "syncs", "trace", "unmaps"}, keys)
 }
 
 func TestReplayOutOfMemoryGoesOn(t *testing.T) {

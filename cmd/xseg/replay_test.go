@@ -70,7 +70,7 @@ func TestReplayJSON(t *testing.T) {
 		}
 		slices.Sort(keys)
 		require.Equal(t, []string{"events", "maps", "ns_per_event", "ooms", "peak_live", "peak_reserved",
-			"ratio", "retries", "trace", "unmaps"}, keys)
+			"ratio", "retired", "retries", "syncs", "trace", "unmaps"}, keys)
 		require.Equal(t, []string{a, b}[i], m["trace"])
 		require.EqualValues(t, 9+i, m["events"])
 		require.EqualValues(t, syntheticPeak, m["peak_live"])

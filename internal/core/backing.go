@@ -86,6 +86,9 @@ type Seg struct {
 	first  *block   // blocks in address order
 	holes  []*block // unmapped blocks in address order
 	mapped uint64   // bytes mapped (while paused: to map again on resume)
+	// retired are runs of holes whose pages went to the page cache while
+	// still mapped (retire.go), in the order retired.
+	retired []retiredRun
 	// paused: the segment's tag is paused (pause.go): its blocks keep
 	// their books, their pages are given back and not in Heap.mu.mapped.
 	paused bool
@@ -105,6 +108,25 @@ type PageHolder interface {
 	// SettlePages ends the hold and releases the cached pages over the
 	// bound. A page that fails to release stays cached.
 	SettlePages(st *Stats) error
+}
+
+// PageRetirer is implemented by a Backing that can give a page back to its
+// cache while the page stays mapped where it was (CUDA lets one physical
+// allocation be mapped at several addresses): under Config.RecyclePages a
+// growth takes free pages of its own stream without waiting for the
+// stream (retire.go), and the Heap unmaps the old addresses once no work
+// queued before the free can touch them.
+type PageRetirer interface {
+	// RetirePages moves the whole pages [ptr, ptr+size) of seg, each a
+	// physical allocation of its own, into the cache, where the next Map
+	// may take them, and leaves them mapped at ptr. The Heap counts the
+	// range as a hole and never uses it before UnmapRetired. It returns
+	// the bytes retired from ptr on: all, or on error a prefix.
+	RetirePages(seg *Seg, ptr vmm.DevicePtr, size uint64, st *Stats) (uint64, error)
+	// UnmapRetired unmaps retired pages [ptr, ptr+size) of seg, whose
+	// work is done. It returns the bytes unmapped from ptr on: all, or on
+	// error a prefix, which the Heap tries again later.
+	UnmapRetired(seg *Seg, ptr vmm.DevicePtr, size uint64, st *Stats) (uint64, error)
 }
 
 // AllocBounder is implemented by a Backing whose mapped pages may belong

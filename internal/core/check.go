@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/xseg-dev/xseg/spec"
 )
@@ -42,6 +43,9 @@ func (h *Heap) verifyLocked() error {
 		}
 	}
 	if err := h.verifyTagsLocked(); err != nil {
+		return err
+	}
+	if err := h.verifyRetiredLocked(); err != nil {
 		return err
 	}
 	if t.blocks != len(h.mu.blocks) {
@@ -177,4 +181,32 @@ func (h *Heap) tallyBlock(b *block, t *tally, free *int) {
 		t.active[p] += int64(b.size)
 		t.actives[p]++
 	}
+}
+
+// verifyRetiredLocked checks that every retired run lies in a hole of its
+// segment, and that the segments listed as retiring are those with runs.
+func (h *Heap) verifyRetiredLocked() error {
+	n := 0
+	for _, st := range h.mu.states {
+		for _, seg := range st.segs {
+			if len(seg.retired) == 0 {
+				continue
+			}
+			n++
+			if !slices.Contains(h.mu.retiring, seg) {
+				return fmt.Errorf("segment %v has retired runs but is not listed as retiring", seg.Base)
+			}
+			for _, r := range seg.retired {
+				for b := seg.first; b != nil; b = b.next {
+					if b.state != stUnmapped && b.ptr < r.hi && b.end() > r.lo {
+						return fmt.Errorf("retired run %v-%v of segment %v overlaps block %v+%d (state %v)", r.lo, r.hi, seg.Base, b.ptr, b.size, b.state)
+					}
+				}
+			}
+		}
+	}
+	if n != len(h.mu.retiring) {
+		return fmt.Errorf("%d segments listed as retiring, %d have retired runs", len(h.mu.retiring), n)
+	}
+	return nil
 }

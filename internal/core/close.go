@@ -80,7 +80,10 @@ func (h *Heap) closeSegmentLocked(seg *Seg) error {
 	}
 	h.freeAllLocked(seg)
 	h.flush(seg.st)
-	if _, err := h.unmapFreeLocked(seg, math.MaxUint64, keepOut{}, true, false); err != nil {
+	if err := h.settleRetiredLocked(seg, seg.Base, seg.End(), settleSynced); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := h.unmapFreeLocked(seg, math.MaxUint64, keepOut{}, true, false, false); err != nil {
 		return errors.Join(append(errs, err)...)
 	}
 	if seg.first.state == stUnmapped && seg.first.next == nil {

@@ -56,7 +56,7 @@ func (h *Heap) splitChunkLocked(b *block, rs uint64) bool {
 		b.seg.st.removeFree(b)
 		return false
 	}
-	n64, _, err := h.unmapSpanLocked(b, lo, hi)
+	n64, _, err := h.unmapSpanLocked(b, lo, hi, false)
 	if err != nil {
 		h.log.Warn("xseg: unmapping a physical allocation to split it", "err", err)
 	}
@@ -143,7 +143,8 @@ func (h *Heap) stealLocked(hole *block, rs uint64) bool {
 	for _, st := range h.donorsLocked(seg) {
 		h.flush(st) // coalesce its exact-size lists: whole pages show only then
 		for _, s := range st.segs {
-			n, err := h.unmapFreeLocked(s, budget-got, keep, false, h.holder != nil)
+			// Pages of the growth's own stream need no wait (retire.go).
+			n, err := h.unmapFreeLocked(s, budget-got, keep, false, h.holder != nil, s.Stream == seg.Stream)
 			if got += n; err != nil {
 				h.log.Warn("xseg: unmapping free pages for reuse", "err", err)
 				return got > 0
@@ -261,6 +262,10 @@ func (h *Heap) mapIntoLocked(hole *block, rs uint64) (*block, error) {
 	var whole uint64
 	if hole.next == nil && h.pastChunkMarkLocked(seg, size) {
 		whole = min(size, uint64(max(0, int64(growStart(hole).Add(rs)-hole.ptr)))/seg.PageSize*seg.PageSize)
+	}
+	// Pages retired from these addresses are unmapped first.
+	if err := h.settleRetiredLocked(seg, hole.ptr, hole.ptr.Add(size), settleWait); err != nil {
+		return nil, fmt.Errorf("mapping %d bytes at %v: %w", size, hole.ptr, err)
 	}
 	if err := h.back.Map(seg, hole.ptr, size, whole, &h.mu.stats); err != nil {
 		h.syncReservedLocked() // the pages it took went back to the cache

@@ -42,6 +42,9 @@ type Heap struct {
 	// holder is the Backing as a PageHolder under Config.RecyclePages,
 	// else nil.
 	holder PageHolder
+	// retirer is the Backing as a PageRetirer under Config.RecyclePages,
+	// else nil.
+	retirer PageRetirer
 	// done is closed by Close (under mu, see wakeLocked): an allocation
 	// sleeping in the OOM backoff, without the lock, wakes on it.
 	done chan struct{}
@@ -69,10 +72,12 @@ type Heap struct {
 		// streams' marks (marks.go).
 		freeSeq uint64
 		marks   map[vmm.Stream]*streamMark
-		pending []pendingEvent
-		events  []vmm.Event // recorded and completed, for reuse
-		freed   chan struct{}
-		pins    map[*block]int // pin counts of shared blocks (pin.go)
+		// retiring are the segments with retired runs (retire.go).
+		retiring []*Seg
+		pending  []pendingEvent
+		events   []vmm.Event // recorded and completed, for reuse
+		freed    chan struct{}
+		pins     map[*block]int // pin counts of shared blocks (pin.go)
 		// streams are the streams the driver has confirmed live
 		// (streams.go), lastStream the one Alloc saw last: a stream is
 		// checked once, not on every allocation.
@@ -123,6 +128,9 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 	}
 	if ph, ok := b.(PageHolder); ok && cfg.RecyclePages {
 		h.holder = ph
+	}
+	if pr, ok := b.(PageRetirer); ok && h.holder != nil {
+		h.retirer = pr
 	}
 	if ab, ok := b.(AllocBounder); ok && cfg.ChunkBytes > 0 {
 		h.bounds = ab

@@ -57,6 +57,9 @@ func (h *Heap) touchMarksLocked(s vmm.Stream) {
 	}
 	m.tried = h.mu.freeSeq
 	h.refreshMarkLocked(s, m)
+	if len(h.mu.retiring) > 0 {
+		h.sweepRetiredLocked(s)
+	}
 }
 
 func (h *Heap) markLocked(s vmm.Stream) *streamMark {

@@ -108,6 +108,13 @@ func (h *Heap) BeginAllocateToPool(id PoolID, filter func(vmm.Stream) bool) erro
 	if err := h.poolCallLocked("beginning to allocate to", id); err != nil {
 		return err
 	}
+	if !h.capturingLocked() && len(h.mu.retiring) > 0 {
+		// A capture may follow, during which nothing can be waited for:
+		// unmap the retired pages now (retire.go).
+		if err := h.settleAllRetiredLocked(false); err != nil {
+			h.log.Warn("xseg: unmapping retired pages before a pool becomes active", "err", err)
+		}
+	}
 	h.retainLocked(id)
 	h.mu.routes = append(h.mu.routes, route{id: id, filter: filter})
 	return nil

@@ -62,7 +62,15 @@ func (h *Heap) releaseStateLocked(st *state, synced bool) error {
 	var errs []error
 	h.flush(st)
 	for _, seg := range slices.Clone(st.segs) {
-		if _, err := h.unmapFreeLocked(seg, math.MaxUint64, keepOut{}, synced, false); err != nil {
+		mode := settleWait
+		if synced {
+			mode = settleSynced
+		}
+		if err := h.settleRetiredLocked(seg, seg.Base, seg.End(), mode); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if _, err := h.unmapFreeLocked(seg, math.MaxUint64, keepOut{}, synced, false, false); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -102,7 +110,7 @@ func (h *Heap) trimLocked() {
 		}
 		h.flush(st)
 		for _, seg := range st.segs {
-			n, err := h.unmapFreeLocked(seg, uint64(over), keepOut{}, false, false)
+			n, err := h.unmapFreeLocked(seg, uint64(over), keepOut{}, false, false, false)
 			if err != nil {
 				h.log.Warn("xseg: unmapping free pages above the release threshold", "err", err)
 				return
@@ -171,12 +179,14 @@ func (h *Heap) freeMappedLocked() int64 {
 // about budget bytes, after waiting for the pending blocks of the segment
 // and for the work queued on the segment's stream (unless synced: the
 // caller waited for the whole device; or the blocks were all freed before
-// the stream's last completed mark, idleLocked). It leaves alone what keep says. The
-// exact-size lists of the segment's state must have been flushed. With
-// exact it unmaps no more than budget (a multiple of the page size): from
-// the low end of the last free block it takes pages of, not the whole
-// block.
-func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, keep keepOut, synced, exact bool) (uint64, error) {
+// the stream's last completed mark, idleLocked). It leaves alone what keep
+// says. The exact-size lists of the segment's state must have been
+// flushed. With exact it unmaps no more than budget (a multiple of the
+// page size): from the low end of the last free block it takes pages of,
+// not the whole block. With retire (the pages go to a growth on seg's
+// stream) it waits for nothing but retires the pages that may still be
+// in use, where it can (retire.go).
+func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, keep keepOut, synced, exact, retire bool) (uint64, error) {
 	if !hasWholePage(seg, keep) {
 		return 0, nil
 	}
@@ -184,14 +194,25 @@ func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, keep keepOut, synced, ex
 		return 0, err
 	}
 	h.flush(seg.st)
-	if !synced && !h.idleLocked(seg, keep) {
-		h.mu.stats.Syncs++
-		if err := h.syncStreamLocked(seg.Stream); err != nil {
-			return 0, fmt.Errorf("synchronizing stream %#x before unmapping: %w", uintptr(seg.Stream), err)
+	if synced || h.idleLocked(seg, keep) {
+		retire = false
+	} else if !retire {
+		if err := h.waitStreamLocked(seg); err != nil {
+			return 0, err
 		}
-		h.streamIdleLocked(seg.Stream)
 	}
-	return h.unmapPassLocked(seg, budget, keep, exact)
+	return h.unmapPassLocked(seg, budget, keep, exact, retire)
+}
+
+// waitStreamLocked waits for the work queued on seg's stream before its
+// free pages are unmapped.
+func (h *Heap) waitStreamLocked(seg *Seg) error {
+	h.mu.stats.Syncs++
+	if err := h.syncStreamLocked(seg.Stream); err != nil {
+		return fmt.Errorf("synchronizing stream %#x before unmapping: %w", uintptr(seg.Stream), err)
+	}
+	h.streamIdleLocked(seg.Stream)
+	return nil
 }
 
 // idleLocked reports whether every free block of seg with pages to unmap
@@ -212,8 +233,10 @@ func (h *Heap) idleLocked(seg *Seg, keep keepOut) bool {
 }
 
 // unmapPassLocked unmaps, in address order, the whole pages of seg's free
-// blocks up to about budget bytes (see unmapFreeLocked).
-func (h *Heap) unmapPassLocked(seg *Seg, budget uint64, keep keepOut, exact bool) (uint64, error) {
+// blocks up to about budget bytes (see unmapFreeLocked). With retire, the
+// pages of a block freed after the stream's last completed mark are
+// retired instead; where they cannot be, it waits for the stream first.
+func (h *Heap) unmapPassLocked(seg *Seg, budget uint64, keep keepOut, exact, retire bool) (uint64, error) {
 	var done uint64
 	for b := seg.first; b != nil && done < budget; {
 		lo, hi := keep.pages(seg, b)
@@ -229,7 +252,14 @@ func (h *Heap) unmapPassLocked(seg *Seg, budget uint64, keep keepOut, exact bool
 			_, e := seg.allocsOut(lo, lo.Add(budget-done))
 			hi = min(hi, e)
 		}
-		n, next, err := h.unmapSpanLocked(b, lo, hi)
+		r := retire && b.freed >= h.markLocked(seg.Stream).idle
+		if r && !h.canRetireLocked(seg, lo, hi) {
+			if err := h.waitStreamLocked(seg); err != nil {
+				return done, err
+			}
+			retire, r = false, false
+		}
+		n, next, err := h.unmapSpanLocked(b, lo, hi, r)
 		done += n
 		if err != nil {
 			return done, err
@@ -250,12 +280,7 @@ func (h *Heap) quiesceLocked(seg *Seg, b *block) error {
 	if !h.capturingLocked() && b.freed < h.idleBeforeLocked(seg.Stream) {
 		return nil
 	}
-	h.mu.stats.Syncs++
-	if err := h.syncStreamLocked(seg.Stream); err != nil {
-		return fmt.Errorf("synchronizing stream %#x before unmapping: %w", uintptr(seg.Stream), err)
-	}
-	h.streamIdleLocked(seg.Stream)
-	return nil
+	return h.waitStreamLocked(seg)
 }
 
 // keepOut is what an unmap of free pages leaves mapped: the free blocks
@@ -353,13 +378,23 @@ func (s *Seg) allocsOut(lo, hi vmm.DevicePtr) (vmm.DevicePtr, vmm.DevicePtr) {
 	return s.Base.Add(uint64(l) * ps), s.Base.Add(uint64(e) * ps)
 }
 
-// unmapSpanLocked unmaps [lo, hi), whole pages inside free block b, and
-// turns what was unmapped into a hole. It returns the block after the
-// hole, where a walk of the segment goes on.
-func (h *Heap) unmapSpanLocked(b *block, lo, hi vmm.DevicePtr) (uint64, *block, error) {
+// unmapSpanLocked unmaps [lo, hi), whole pages inside free block b, or
+// with retire retires them (retire.go), and turns what went into a hole.
+// It returns the block after the hole, where a walk of the segment goes
+// on.
+func (h *Heap) unmapSpanLocked(b *block, lo, hi vmm.DevicePtr, retire bool) (uint64, *block, error) {
 	seg := b.seg
 	seg.st.removeFree(b)
-	n, err := h.back.Unmap(seg, lo, uint64(hi-lo), &h.mu.stats)
+	var n uint64
+	var err error
+	if retire {
+		n, err = h.retirer.RetirePages(seg, lo, uint64(hi-lo), &h.mu.stats)
+		if n > 0 {
+			h.noteRetiredLocked(seg, lo, lo.Add(n), b.freed)
+		}
+	} else {
+		n, err = h.back.Unmap(seg, lo, uint64(hi-lo), &h.mu.stats)
+	}
 	next := b.next
 	if n == 0 {
 		seg.st.insertFree(b)
@@ -388,6 +423,9 @@ func (h *Heap) unmapSpanLocked(b *block, lo, hi vmm.DevicePtr) (uint64, *block, 
 
 // dropSegmentLocked gives back seg, in which nothing is mapped.
 func (h *Heap) dropSegmentLocked(seg *Seg) error {
+	if err := h.settleRetiredLocked(seg, seg.Base, seg.End(), settleWait); err != nil {
+		return fmt.Errorf("giving back segment %v+%d: %w", seg.Base, seg.Size, err)
+	}
 	if err := h.back.DropSegment(seg, &h.mu.stats); err != nil {
 		return fmt.Errorf("giving back segment %v+%d: %w", seg.Base, seg.Size, err)
 	}

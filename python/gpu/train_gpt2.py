@@ -58,7 +58,7 @@ if args.mode == "xseg":
     st = xseg_torch.stats()
     peak_reserved, peak_allocated = st["reserved_bytes.all.peak"], st["allocated_bytes.all.peak"]
     extra = {k: st.get(k) for k in ("num_alloc_retries", "num_ooms", "num_maps", "num_unmaps",
-                                "num_set_access_calls", "num_pages_created", "num_pages_reused", "num_syncs")}
+                                "num_set_access_calls", "num_pages_created", "num_pages_reused", "num_pages_retired", "num_syncs")}
 else:
     peak_reserved, peak_allocated = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
     st = torch.cuda.memory_stats()

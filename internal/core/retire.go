@@ -1,0 +1,166 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
+
+// Retired pages let a growth recycle free pages of its own stream without
+// waiting for the stream.
+//
+// An unmap must wait until no work queued on the pages' stream can touch
+// them, or that work faults; under Config.RecyclePages a training loop
+// whose growths take pages freed earlier in the same step waited once or
+// twice a step, about 1 % of its throughput (bench/RESULTS.md round 17).
+// Yet a growth on the same stream needs no wait to use the pages: the work
+// it queues runs after the work queued before the free, as with any block
+// a caching allocator hands out again. Only the old addresses must stay
+// mapped until that earlier work is done. So a steal of pages of the
+// growing segment's stream that are not known idle retires them
+// (PageRetirer): the Backing puts them in its cache, where the growth maps
+// them at their new addresses, while the old ones stay mapped; the Heap
+// books the old range as a hole, as any unmap does, and remembers it as a
+// retired run. It unmaps the run once the stream's mark has passed the
+// free (marks.go): on a later slow path, without waiting; before a growth
+// maps into it, waiting for the stream if the mark has not passed; and
+// before EmptyCache, Close or a capture. Which pages go where is exactly
+// as without retiring: only the waits move.
+//
+// Pages of another stream (RecyclePages takes those too) are still waited
+// for: their work is not ordered before the growth's. So are chunks
+// (Config.ChunkBytes), which the cache does not keep.
+type retiredRun struct {
+	lo, hi vmm.DevicePtr
+	freed  uint64 // the free sequence number of the block they came from
+}
+
+// canRetireLocked reports whether the whole pages [lo, hi) of seg can be
+// retired instead of unmapped: the Backing retires pages, nothing
+// captures, seg is in a shared pool, and each page is an allocation of
+// its own.
+func (h *Heap) canRetireLocked(seg *Seg, lo, hi vmm.DevicePtr) bool {
+	if h.retirer == nil || h.capturingLocked() || !seg.st.key.private.IsZero() {
+		return false
+	}
+	if seg.bounds == nil {
+		return true
+	}
+	ps := seg.PageSize
+	for i := int(uint64(lo-seg.Base) / ps); i < int(uint64(hi-seg.Base)/ps); i++ {
+		if _, n := seg.bounds.AllocBounds(seg, i); n > 1 {
+			return false
+		}
+	}
+	return true
+}
+
+// noteRetiredLocked remembers [lo, hi) of seg, retired from a block freed
+// at sequence number freed.
+func (h *Heap) noteRetiredLocked(seg *Seg, lo, hi vmm.DevicePtr, freed uint64) {
+	if len(seg.retired) == 0 {
+		h.mu.retiring = append(h.mu.retiring, seg)
+	}
+	seg.retired = append(seg.retired, retiredRun{lo: lo, hi: hi, freed: freed})
+	h.mu.stats.PagesRetired += int64(uint64(hi-lo) / seg.PageSize)
+}
+
+// How settleRetiredLocked treats a run whose free its stream's mark has
+// not passed.
+type settleMode int
+
+const (
+	settleIdle   settleMode = iota // leave it retired
+	settleWait                     // wait for the stream, then unmap it
+	settleSynced                   // unmap it: the caller waited for the stream or the device
+)
+
+// settleRetiredLocked unmaps the retired runs of seg that overlap [lo,
+// hi): those whose free the stream's last completed mark has passed, and
+// the others as mode says. A run that fails to unmap stays retired (what
+// was unmapped of it is gone) and the error says so.
+func (h *Heap) settleRetiredLocked(seg *Seg, lo, hi vmm.DevicePtr, mode settleMode) error {
+	if len(seg.retired) == 0 {
+		return nil
+	}
+	idle := h.markLocked(seg.Stream).idle
+	if mode == settleWait && !h.capturingLocked() {
+		idle = h.idleBeforeLocked(seg.Stream)
+	}
+	var errs []error
+	keep := seg.retired[:0]
+	for _, r := range seg.retired {
+		if r.hi <= lo || r.lo >= hi {
+			keep = append(keep, r)
+			continue
+		}
+		if r.freed >= idle {
+			switch {
+			case mode == settleIdle:
+				keep = append(keep, r)
+				continue
+			case mode == settleWait:
+				if h.capturingLocked() {
+					errs = append(errs, fmt.Errorf("pages at %v+%d, retired while work queued before their free may still run, cannot be waited for during a capture: %w", r.lo, r.hi-r.lo, vmm.ErrInUse))
+					keep = append(keep, r)
+					continue
+				}
+				h.mu.stats.Syncs++
+				if err := h.syncStreamLocked(seg.Stream); err != nil {
+					errs = append(errs, fmt.Errorf("synchronizing stream %#x before unmapping retired pages: %w", uintptr(seg.Stream), err))
+					keep = append(keep, r)
+					continue
+				}
+				h.streamIdleLocked(seg.Stream)
+				idle = h.markLocked(seg.Stream).idle
+			}
+		}
+		n, err := h.retirer.UnmapRetired(seg, r.lo, uint64(r.hi-r.lo), &h.mu.stats)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("unmapping retired pages at %v+%d: %w", r.lo, r.hi-r.lo, err))
+			if r.lo = r.lo.Add(n); r.lo < r.hi {
+				keep = append(keep, r)
+			}
+		}
+	}
+	clear(seg.retired[len(keep):])
+	seg.retired = keep
+	if len(keep) == 0 {
+		h.mu.retiring = slices.DeleteFunc(h.mu.retiring, func(s *Seg) bool { return s == seg })
+	}
+	h.syncReservedLocked()
+	if len(errs) > 0 {
+		return fmt.Errorf("segment %v: %w", seg.Base, errors.Join(errs...))
+	}
+	return nil
+}
+
+// sweepRetiredLocked unmaps the retired runs of stream s whose free the
+// stream's mark has passed, without waiting: on the slow path, after the
+// mark was asked about.
+func (h *Heap) sweepRetiredLocked(s vmm.Stream) {
+	for _, seg := range slices.Clone(h.mu.retiring) {
+		if seg.Stream != s {
+			continue
+		}
+		if err := h.settleRetiredLocked(seg, seg.Base, seg.End(), settleIdle); err != nil {
+			h.log.Warn("xseg: unmapping retired pages", "err", err)
+		}
+	}
+}
+
+// settleAllRetiredLocked unmaps every retired run, waiting for streams as
+// needed (synced: the caller waited for the device).
+func (h *Heap) settleAllRetiredLocked(synced bool) error {
+	mode := settleWait
+	if synced {
+		mode = settleSynced
+	}
+	var errs []error
+	for _, seg := range slices.Clone(h.mu.retiring) {
+		errs = append(errs, h.settleRetiredLocked(seg, seg.Base, seg.End(), mode))
+	}
+	return errors.Join(errs...)
+}
