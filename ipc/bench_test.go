@@ -66,7 +66,8 @@ func childExportBench() error {
 // the fds (pidfd, or the socket with -bench transports), takes a lease,
 // reserves, imports, maps, sets access; each Close undoes it all. The
 // loop runs on a locked OS thread, as a call into libxseg from Python
-// does. Besides ns/op it reports the median of the iterations (p50-ns)
+// does. XSEG_BENCH_EXPORTER_CPUS runs the exporter on those CPUs (taskset
+// -c). Besides ns/op it reports the median of the iterations (p50-ns)
 // and their 90th percentile (p90-ns), and the medians of Open alone
 // (open-p50-ns) and of Close alone (close-p50-ns).
 func BenchmarkOpenClose(b *testing.B) {
@@ -83,7 +84,15 @@ func benchOpenClose(b *testing.B, ts []Transport) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cmd := exec.Command(exe, "-test.run=^TestHelperChild$", "-test.v=false")
+	args := []string{exe, "-test.run=^TestHelperChild$", "-test.v=false"}
+	if cpus := os.Getenv("XSEG_BENCH_EXPORTER_CPUS"); cpus != "" {
+		// Keep the exporter off the importer's CPUs (run the benchmark
+		// itself under taskset too): on a machine of few cores the two
+		// processes otherwise take turns, and what one overlaps with the
+		// other shows as time.
+		args = append([]string{"taskset", "-c", cpus}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = append(os.Environ(), envRole+"=export-bench")
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
