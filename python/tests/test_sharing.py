@@ -184,3 +184,37 @@ def test_open_of_garbage_is_an_error_not_a_crash(run_py):
     out = last_json(proc)
     assert out["errors"] == out["bad"], out
     assert out["mutated"] > 8 and out["same"] is True, out
+
+
+def test_descriptors_do_not_alias_the_share_buffer(run_py):
+    # share_block reuses one buffer per thread: each descriptor it returns
+    # must be a copy of its own, also with shares made on several threads
+    # at once, and open_block takes bytes, bytearray and memoryview alike.
+    proc = run_py("""
+        import threading
+        xseg.configure("shareable:true")
+        blocks = [xseg.malloc(MiB) for _ in range(8)]
+        for i, p in enumerate(blocks):
+            ctypes.memset(p, i + 1, MiB)
+        descs = [None] * len(blocks)
+        def share(i):
+            descs[i] = xseg.share_block(blocks[i])
+        threads = [threading.Thread(target=share, args=(i,)) for i in range(len(blocks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        first = bytes(descs[0])
+        again = xseg.share_block(blocks[0])  # overwrites this thread's buffer
+        seen = []
+        for i, d in enumerate(descs):
+            arg = (d, bytearray(d), memoryview(d))[i % 3]
+            with xseg.open_block(arg) as m:
+                seen.append(ctypes.string_at(m.ptr, 1)[0])
+        print(json.dumps({"types": sorted({type(d).__name__ for d in descs}), "distinct": len(set(descs)),
+                          "kept": descs[0] == first and again != first, "seen": seen}))
+    """)
+    out = last_json(proc)
+    assert out["types"] == ["bytes"]
+    assert out["distinct"] == 8 and out["kept"], out
+    assert out["seen"] == list(range(1, 9)), out
