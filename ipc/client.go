@@ -54,63 +54,31 @@ func takeLease(ctx context.Context, d *handles.Descriptor) (*net.UnixConn, error
 // A pendingLease is a lease-only request sent and not yet answered: the
 // importer maps the pages it fetched by pidfd while the exporter answers.
 type pendingLease struct {
-	conn     *net.UnixConn
-	d        *handles.Descriptor
-	deadline time.Time // of the exchange, as set on conn
-	werr     error     // of sending the request
+	conn *net.UnixConn
+	d    *handles.Descriptor
+	werr error // of sending the request
 }
 
 // askLease connects to d's endpoint, checks that the exporter's pid serves
 // it and sends a lease-only request, without waiting for the answer. It
 // returns nil, nil when the exporter serves no socket.
 func askLease(ctx context.Context, d *handles.Descriptor) (*pendingLease, error) {
-	p, err := dialLease(ctx, d)
-	if err != nil {
-		return nil, err
-	}
-	return p.send(), nil
-}
-
-// dialLease is askLease's first half: it connects to d's endpoint and
-// checks that the exporter's pid serves it. It returns nil, nil when the
-// exporter serves no socket.
-func dialLease(ctx context.Context, d *handles.Descriptor) (*pendingLease, error) {
 	if d.Endpoint == "" {
 		return nil, nil
 	}
-	conn, deadline, err := dial(ctx, d)
+	conn, err := dial(ctx, d)
 	if err != nil {
 		return nil, fmt.Errorf("taking a lease on socket %q: %w", d.Endpoint, err)
 	}
-	return &pendingLease{conn: conn, d: d, deadline: deadline}, nil
-}
-
-// send is askLease's second half: it sends the lease-only request and
-// returns p (nil: no socket, nothing to send).
-func (p *pendingLease) send() *pendingLease {
-	if p == nil {
-		return nil
-	}
 	// A failed send may have a refusal queued behind it: await reads
 	// that first (see exchange).
-	_, p.werr = p.conn.Write(encodeRequest(p.d.Token, flagLeaseOnly))
-	return p
-}
-
-// close gives up a lease not asked for yet (p may be nil).
-func (p *pendingLease) close() {
-	if p != nil {
-		_ = p.conn.Close()
-	}
+	_, werr := conn.Write(encodeRequest(d.Token, flagLeaseOnly))
+	return &pendingLease{conn, d, werr}, nil
 }
 
 // await reads the answer to the lease request: the connection is then the
-// lease. On failure the connection is closed. It waits for the answer in
-// a blocking poll on the calling thread rather than in the runtime's
-// network poller: a call from C (libxseg) runs on a locked thread, which
-// the poller would wake only through another thread.
+// lease. On failure the connection is closed.
 func (p *pendingLease) await() (*net.UnixConn, error) {
-	waitReadable(p.conn, p.deadline)
 	count, err := readReply(p.conn, p.d, true)
 	if p.werr != nil && !errors.Is(err, ErrRefused) {
 		err = fmt.Errorf("sending request: %w", p.werr)
@@ -132,7 +100,7 @@ func (p *pendingLease) await() (*net.UnixConn, error) {
 // it, sends a request with flags and reads the reply. It returns the open
 // connection and the number of fds that follow.
 func request(ctx context.Context, d *handles.Descriptor, flags byte) (*net.UnixConn, int, error) {
-	conn, _, err := dial(ctx, d)
+	conn, err := dial(ctx, d)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -145,16 +113,15 @@ func request(ctx context.Context, d *handles.Descriptor, flags byte) (*net.UnixC
 }
 
 // dial connects to d's endpoint, sets the exchange's deadline (ctx's, else
-// defaultTimeout from now), which it returns, and checks that the
-// exporter's pid serves it.
-func dial(ctx context.Context, d *handles.Descriptor) (*net.UnixConn, time.Time, error) {
+// defaultTimeout from now) and checks that the exporter's pid serves it.
+func dial(ctx context.Context, d *handles.Descriptor) (*net.UnixConn, error) {
 	if d.Endpoint == "" {
-		return nil, time.Time{}, fmt.Errorf("exporter serves no socket: %w", vmm.ErrNotSupported)
+		return nil, fmt.Errorf("exporter serves no socket: %w", vmm.ErrNotSupported)
 	}
 	var dialer net.Dialer
 	c, err := dialer.DialContext(ctx, "unixpacket", d.Endpoint)
 	if err != nil {
-		return nil, time.Time{}, err
+		return nil, err
 	}
 	conn := c.(*net.UnixConn)
 	deadline, ok := ctx.Deadline()
@@ -171,9 +138,9 @@ func dial(ctx context.Context, d *handles.Descriptor) (*net.UnixConn, time.Time,
 	}
 	if err != nil {
 		_ = conn.Close()
-		return nil, time.Time{}, err
+		return nil, err
 	}
-	return conn, deadline, nil
+	return conn, nil
 }
 
 func exchange(conn *net.UnixConn, d *handles.Descriptor, flags byte) (int, error) {

@@ -23,8 +23,8 @@ func (e *Exporter) serve(c *net.UnixConn, cred *ucred) (*Share, error) {
 	n, stray, err := recvMsg(c, buf)
 	closeRaw(stray)
 	if n == 0 && len(stray) == 0 && (err == nil || errors.Is(err, io.EOF)) {
-		// Hung up without a request: an importer connects before it
-		// fetches by pidfd, and hangs up if that fails. Not an error.
+		// Hung up without a request (an importer that gave up, a
+		// probe): nothing was asked, nothing failed.
 		return nil, nil
 	}
 	if err != nil {

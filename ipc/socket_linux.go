@@ -1,10 +1,8 @@
 package ipc
 
 import (
-	"errors"
 	"fmt"
 	"net"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -79,32 +77,3 @@ func peerCred(c *net.UnixConn) (*ucred, error) {
 	}
 	return cred, nil
 }
-
-// waitReadable blocks the calling thread in poll(2) until c has something
-// to read (or its peer hung up), or deadline passes: the read that follows
-// then takes it without parking in the runtime's network poller. It gives
-// up quietly on any error: that read then waits as usual, and its
-// deadline still holds.
-func waitReadable(c *net.UnixConn, deadline time.Time) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return
-	}
-	_ = rc.Control(func(fd uintptr) {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for {
-			left := time.Until(deadline)
-			if left <= 0 {
-				return
-			}
-			n, err := unix.Poll(fds, int(min(left, maxPollWait).Milliseconds())+1)
-			if !errors.Is(err, unix.EINTR) && (err != nil || n > 0) {
-				return
-			}
-		}
-	})
-}
-
-// maxPollWait bounds one poll of waitReadable, which looks at the deadline
-// again after each.
-const maxPollWait = time.Second

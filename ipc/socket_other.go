@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"runtime"
-	"time"
 
 	"github.com/xseg-dev/xseg/vmm"
 )
@@ -27,4 +26,3 @@ func rights([]int) []byte                               { return nil }
 func closeRaw([]int)                                    {}
 func recvMsg(*net.UnixConn, []byte) (int, []int, error) { return 0, nil, errNoSocket }
 func peerCred(*net.UnixConn) (*ucred, error)            { return nil, errNoSocket }
-func waitReadable(*net.UnixConn, time.Time)             {}
