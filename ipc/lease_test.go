@@ -136,7 +136,8 @@ func TestLeaseAnswerNeverComes(t *testing.T) {
 
 // TestConcurrentPidfdOpens: Opens of one share from many goroutines at
 // once, each through an Importer of its own (so each fetches and leases),
-// all succeed, every lease is counted while held, and nothing is left.
+// all succeed with their stages timed, every lease is counted while held,
+// and nothing is left.
 func TestConcurrentPidfdOpens(t *testing.T) {
 	requirePidfd(t)
 	requireNoFDLeak(t)
@@ -162,6 +163,12 @@ func TestConcurrentPidfdOpens(t *testing.T) {
 	for i := range n {
 		require.NoError(t, errs[i])
 		require.True(t, ms[i].Leased())
+		st := ms[i].Stages()
+		require.Positive(t, st.Fetch, "%+v", st)
+		require.Positive(t, st.Import, "%+v", st)
+		require.Positive(t, st.Map, "%+v", st)
+		require.GreaterOrEqual(t, st.Reserve, time.Duration(0))
+		require.GreaterOrEqual(t, st.Lease, time.Duration(0))
 	}
 	require.Equal(t, n, s.Leases())
 	for _, m := range ms {

@@ -12,11 +12,18 @@ xseg's rows split further: put -> the stream sync's start (to_sync: the
 feeder thread, pickling) and the sync itself; after_open into as_tensor
 (open_block's return -> _open_bytes's: the __cuda_array_interface__
 tensor) and set_ (the rest of _rebuild_tensor: the typed tensor over the
-storage, requires_grad, the class).
+storage, requires_grad, the class). open_stages_ms splits xseg's open by
+libxseg's own timing of it, logged at debug level in the consumer
+(go_fetch: pidfd_getfd or the socket, and the lease asked for;
+go_reserve; go_import; go_map: the maps and the one SetAccess; go_lease:
+the wait for the lease's answer left after them); what open has beyond
+their sum is ctypes, cgo, descriptor parsing and the debug line itself (a
+few us, inside open_block).
 Medians of 5 rounds after a warm-up, in ms. Prints RESULT <json>.
 """
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -43,6 +50,9 @@ def _consumer(mode, q_in, q_out):
     if mode == "xseg":
         import xseg._lib
         import xseg._torch
+        # Each open then logs its stages (fetch, reserve, import, map,
+        # lease wait) to stderr, which main() reads.
+        xseg._lib.set_log_level("debug")
         _wrap(xseg._lib, "open_block", log, "open")
         _wrap(xseg._torch, "_open_bytes", log, "open_bytes")
         _wrap(xseg._torch, "_rebuild_tensor", log, "rebuild")
@@ -122,12 +132,34 @@ def produce(mode):
                                   "all_ok": all(r["ok"] for r in rows), "exit": p.exitcode}))
 
 
+def open_stages(stderr):
+    """Medians in ms of the stages libxseg logs for each open in the
+    consumer (its debug line "xseg: opened a shared block"), the warm-up
+    round's left out; {} if there are none."""
+    rows = []
+    for line in stderr.splitlines():
+        if "opened a shared block" in line:
+            kv = dict(re.findall(r"(\w+)_us=([0-9.]+)", line))
+            rows.append({k: float(v) / 1e3 for k, v in kv.items()})
+    rows = rows[1:]
+    if not rows:
+        return {}
+    return {"go_" + k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}
+
+
 def main():
     modes = sys.argv[1:] or ["native", "xseg"]
     for m in modes:
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", m], capture_output=True, text=True)
         lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
-        print(lines[-1] if lines else f"{m} failed ({out.returncode}): {out.stderr[-3000:]}")
+        if not lines:
+            print(f"{m} failed ({out.returncode}): {out.stderr[-3000:]}")
+            continue
+        res = json.loads(lines[-1][len("RESULT "):])
+        stages = open_stages(out.stderr)
+        if stages:
+            res["open_stages_ms"] = stages
+        print("RESULT " + json.dumps(res))
 
 
 if __name__ == "__main__":

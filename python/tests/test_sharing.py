@@ -3,6 +3,8 @@ exporter process (configured shareable:true) shares a block, importer
 processes open it from its descriptor, and both see each other's writes.
 Each side is its own Python process: a process has one xseg."""
 
+import re
+
 import pytest
 
 import xseg
@@ -218,3 +220,25 @@ def test_descriptors_do_not_alias_the_share_buffer(run_py):
     assert out["types"] == ["bytes"]
     assert out["distinct"] == 8 and out["kept"], out
     assert out["seen"] == list(range(1, 9)), out
+
+
+def test_open_logs_its_stages_at_debug(spawn_py, run_py):
+    # At log level debug each open says where its time went (what
+    # python/gpu/mp_breakdown.py reads); at the default level it says
+    # nothing.
+    exp, desc = _start_exporter(spawn_py, importers=0)
+    quiet = run_py(IMPORTER, args=[desc])
+    assert "error" not in last_json(quiet)
+    assert "opened a shared block" not in quiet.stderr
+    loud = run_py(IMPORTER, args=[desc], env={"XSEG_LOG": "debug"})
+    assert "error" not in last_json(loud)
+    lines = [l for l in loud.stderr.splitlines() if "opened a shared block" in l]
+    assert len(lines) == 1, loud.stderr
+    kv = dict(re.findall(r"(\w+)=(\S+)", lines[0]))
+    assert kv["via"] in ("pidfd", "socket") and int(kv["bytes"]) == SIZE, kv
+    for k in ("fetch_us", "reserve_us", "import_us", "map_us", "lease_us"):
+        assert float(kv[k]) >= 0, kv
+    assert float(kv["fetch_us"]) > 0 and float(kv["import_us"]) > 0, kv
+    exp.send("exit")
+    rc, err = exp.finish()
+    assert rc == 0, err
