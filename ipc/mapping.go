@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/internal/pagerun"
@@ -17,13 +18,19 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 	if m.desc.Kind == handles.KindCUDAIPC {
 		return m.openCUDAIPC(ctx, dev, opts)
 	}
+	t0 := time.Now()
 	r, err := fetch(ctx, m.desc, opts.Fetch, true)
 	if err != nil {
 		return err
 	}
+	t1 := time.Now()
+	m.stages.Fetch = t1.Sub(t0)
 	m.recv, m.via, m.leased = r, r.Via, r.Leased()
 	ps, size := m.desc.PageSize, m.desc.Bytes()
-	if m.base, err = m.drv.Reserve(size, 0); err != nil {
+	m.base, err = m.drv.Reserve(size, 0)
+	t0 = time.Now()
+	m.stages.Reserve = t0.Sub(t1)
+	if err != nil {
 		m.base = 0
 		return errors.Join(fmt.Errorf("reserving the shared extent of %d bytes: %w", size, err), m.undo())
 	}
@@ -39,6 +46,8 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 	m.pages = make([]vmm.Handle, n)
 	m.nmapped, err = pagerun.MapSpans(m.drv, m.base, ps, m.desc.Spans, m.pages, []vmm.AccessDesc{{Device: dev, Flags: access}},
 		pagerun.Source{Take: m.importPage, Give: m.releasePages})
+	t1 = time.Now()
+	m.stages.Map = t1.Sub(t0) - m.stages.Import
 	if err != nil {
 		return errors.Join(fmt.Errorf("device %d: %w", dev, err), m.undo())
 	}
@@ -50,6 +59,7 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 		// were mapped: nobody reads the pages before it is held.
 		err = r.awaitLease()
 		m.leased = r.Leased()
+		m.stages.Lease = time.Since(t1)
 	}
 	if err != nil {
 		return errors.Join(err, m.undo())
@@ -70,6 +80,8 @@ func (m *mapped) undo() error {
 // importPage makes a driver handle of fetched page i: ImportFabric for a
 // fabric descriptor, ImportFD otherwise.
 func (m *mapped) importPage(i int) (vmm.Handle, error) {
+	t0 := time.Now()
+	defer func() { m.stages.Import += time.Since(t0) }()
 	if m.desc.Kind == handles.KindFabric {
 		h, err := m.drv.ImportFabric(m.recv.Fabric[i].Driver())
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/vmm"
@@ -49,6 +50,20 @@ func (m *Mapping) Via() Transport { return m.m.via }
 // (see Received.Leased).
 func (m *Mapping) Leased() bool { return m.m.leased }
 
+// OpenStages are the times the steps of the Open that made a mapping
+// took, for finding where an open's time goes: Fetch (the fds, or the
+// fabric handles, and the lease asked for), Reserve, Import (every
+// allocation imported), Map (mapped, and access set), Lease (the fetched
+// fds closed, and the wait for the lease's answer that the steps before
+// did not cover). Zero for a cuda-ipc descriptor's.
+type OpenStages struct {
+	Fetch, Reserve, Import, Map, Lease time.Duration
+}
+
+// Stages are the times of the steps of the Open that made the mapping
+// (shared by every Mapping of it, see Mapping).
+func (m *Mapping) Stages() OpenStages { return m.m.stages }
+
 // Close drops this reference. The last one unmaps the pages, releases
 // them, gives back the address range and ends the lease. If the driver
 // fails, Close returns the error and keeps what it could not give back; a
@@ -88,6 +103,7 @@ type mapped struct {
 	ipc      *ipcOpen  // the allocation opened, for a cuda-ipc descriptor
 	via      Transport
 	leased   bool
+	stages   OpenStages    // written by open, read after ready
 	ready    chan struct{} // closed when Open's work ended
 	err      error         // of that work, read after ready
 	refs     int           // guarded by im.mu

@@ -1,7 +1,9 @@
 package ipc
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 
@@ -11,7 +13,8 @@ import (
 // serve answers one importer whose credentials the policy admitted: read
 // its request, find the share by its token, pass the fds (none for a
 // lease-only request). On success the importer holds a lease on the
-// returned share, which the caller must end with Share.dropLease.
+// returned share, which the caller must end with Share.dropLease. A peer
+// that hangs up before it asks anything gets nil, nil.
 func (e *Exporter) serve(c *net.UnixConn, cred *ucred) (*Share, error) {
 	if err := c.SetDeadline(time.Now().Add(e.opts.Timeout)); err != nil {
 		return nil, err
@@ -19,6 +22,11 @@ func (e *Exporter) serve(c *net.UnixConn, cred *ucred) (*Share, error) {
 	buf := make([]byte, requestSize+1)
 	n, stray, err := recvMsg(c, buf)
 	closeRaw(stray)
+	if n == 0 && len(stray) == 0 && (err == nil || errors.Is(err, io.EOF)) {
+		// Hung up without a request (an importer that gave up, a
+		// probe): nothing was asked, nothing failed.
+		return nil, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reading request of pid %d: %w", cred.Pid, err)
 	}
@@ -88,11 +96,15 @@ func (s *Share) send(c *net.UnixConn, batch int, leaseOnly bool) error {
 		_, _ = c.Write(encodeReply(statusUnknownShare, 0, "share closed"))
 		return fmt.Errorf("share served its last importer: %w", ErrNotOffered)
 	}
+	// Counted before the reply goes out, so that an importer that has
+	// its answer finds its lease in Leases; under the read lock, so that
+	// Close cannot miss it, nor run between it and its undoing.
+	s.leases.Add(1)
 	if err := s.sendFDs(c, batch, raws); err != nil {
+		s.leases.Add(-1)
 		s.served.Add(-1) // the slot goes to the next importer
 		return err
 	}
-	s.leases.Add(1) // under the read lock: Close cannot miss it
 	return nil
 }
 

@@ -12,7 +12,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/xseg-dev/xseg/ipc"
@@ -116,6 +118,12 @@ func (s *sharing) open(desc []byte, device int) (int64, *ipc.Mapping, error) {
 	m, err := s.importer().Open(context.Background(), desc, vmm.Device(device), ipc.OpenOptions{})
 	if err != nil {
 		return 0, nil, err
+	}
+	if lib.log.Enabled(context.Background(), slog.LevelDebug) {
+		st, us := m.Stages(), func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+		lib.log.Debug("xseg: opened a shared block", "device", device, "bytes", m.Len(), "via", m.Via().String(),
+			"fetch_us", us(st.Fetch), "reserve_us", us(st.Reserve), "import_us", us(st.Import),
+			"map_us", us(st.Map), "lease_us", us(st.Lease))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -8,10 +8,22 @@ with the producer's share and the consumer's open timed inside the path.
 Each round: put -> share start (the reducer's stream sync), share, share end
 -> rebuild start (pickling, the pipe, unpickling), open (xseg: open_block;
 native: rebuild_cuda_tensor whole), the rest of the rebuild, the first read.
+xseg's rows split further: put -> the stream sync's start (to_sync: the
+feeder thread, pickling) and the sync itself; after_open into as_tensor
+(open_block's return -> _open_bytes's: the __cuda_array_interface__
+tensor) and set_ (the rest of _rebuild_tensor: the typed tensor over the
+storage, requires_grad, the class). open_stages_ms splits xseg's open by
+libxseg's own timing of it, logged at debug level in the consumer
+(go_fetch: pidfd_getfd or the socket, and the lease asked for;
+go_reserve; go_import; go_map: the maps and the one SetAccess; go_lease:
+the wait for the lease's answer left after them); what open has beyond
+their sum is ctypes, cgo, descriptor parsing and the debug line itself (a
+few us, inside open_block).
 Medians of 5 rounds after a warm-up, in ms. Prints RESULT <json>.
 """
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -38,7 +50,11 @@ def _consumer(mode, q_in, q_out):
     if mode == "xseg":
         import xseg._lib
         import xseg._torch
+        # Each open then logs its stages (fetch, reserve, import, map,
+        # lease wait) to stderr, which main() reads.
+        xseg._lib.set_log_level("debug")
         _wrap(xseg._lib, "open_block", log, "open")
+        _wrap(xseg._torch, "_open_bytes", log, "open_bytes")
         _wrap(xseg._torch, "_rebuild_tensor", log, "rebuild")
     else:
         import torch.multiprocessing.reductions as red
@@ -69,6 +85,11 @@ def produce(mode):
         _wrap(xseg._lib, "share_block", log, "share")
     import torch
     import torch.multiprocessing as tmp
+    if mode == "xseg":
+        # The reducer's stream sync (install() registered the reducer
+        # itself with the pickler: wrapping the module's name would not
+        # time it).
+        _wrap(torch.cuda.Stream, "synchronize", log, "sync")
     ctx = tmp.get_context("spawn")
     q_in, q_out = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=_consumer, args=(mode, q_in, q_out))
@@ -90,11 +111,17 @@ def produce(mode):
         if "share" in log:
             s0, s1 = log["share"][0]
             row.update(to_share=ms(t0, s0), share=ms(s0, s1), to_rebuild=ms(s1, reb[0]))
+            if "sync" in log:
+                y0, y1 = log["sync"][-1]
+                row.update(to_sync=ms(t0, y0), sync=ms(y0, y1))
         else:
             row.update(to_rebuild=ms(t0, reb[0]))
         if "open" in r["log"]:
             o0, o1 = r["log"]["open"][0]
             row.update(before_open=ms(reb[0], o0), open=ms(o0, o1), after_open=ms(o1, reb[1]))
+            if "open_bytes" in r["log"]:
+                b1 = r["log"]["open_bytes"][0][1]
+                row.update(as_tensor=ms(o1, b1), set_=ms(b1, reb[1]))
         row.update(rebuild=ms(*reb), read=ms(reb[1], r["t1"]))
         rows.append(row)
     q_in.put(None)
@@ -105,12 +132,34 @@ def produce(mode):
                                   "all_ok": all(r["ok"] for r in rows), "exit": p.exitcode}))
 
 
+def open_stages(stderr):
+    """Medians in ms of the stages libxseg logs for each open in the
+    consumer (its debug line "xseg: opened a shared block"), the warm-up
+    round's left out; {} if there are none."""
+    rows = []
+    for line in stderr.splitlines():
+        if "opened a shared block" in line:
+            kv = dict(re.findall(r"(\w+)_us=([0-9.]+)", line))
+            rows.append({k: float(v) / 1e3 for k, v in kv.items()})
+    rows = rows[1:]
+    if not rows:
+        return {}
+    return {"go_" + k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}
+
+
 def main():
     modes = sys.argv[1:] or ["native", "xseg"]
     for m in modes:
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", m], capture_output=True, text=True)
         lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
-        print(lines[-1] if lines else f"{m} failed ({out.returncode}): {out.stderr[-3000:]}")
+        if not lines:
+            print(f"{m} failed ({out.returncode}): {out.stderr[-3000:]}")
+            continue
+        res = json.loads(lines[-1][len("RESULT "):])
+        stages = open_stages(out.stderr)
+        if stages:
+            res["open_stages_ms"] = stages
+        print("RESULT " + json.dumps(res))
 
 
 if __name__ == "__main__":

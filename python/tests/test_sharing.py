@@ -3,6 +3,8 @@ exporter process (configured shareable:true) shares a block, importer
 processes open it from its descriptor, and both see each other's writes.
 Each side is its own Python process: a process has one xseg."""
 
+import re
+
 import pytest
 
 import xseg
@@ -184,3 +186,59 @@ def test_open_of_garbage_is_an_error_not_a_crash(run_py):
     out = last_json(proc)
     assert out["errors"] == out["bad"], out
     assert out["mutated"] > 8 and out["same"] is True, out
+
+
+def test_descriptors_do_not_alias_the_share_buffer(run_py):
+    # share_block reuses one buffer per thread: each descriptor it returns
+    # must be a copy of its own, also with shares made on several threads
+    # at once, and open_block takes bytes, bytearray and memoryview alike.
+    proc = run_py("""
+        import threading
+        xseg.configure("shareable:true")
+        blocks = [xseg.malloc(MiB) for _ in range(8)]
+        for i, p in enumerate(blocks):
+            ctypes.memset(p, i + 1, MiB)
+        descs = [None] * len(blocks)
+        def share(i):
+            descs[i] = xseg.share_block(blocks[i])
+        threads = [threading.Thread(target=share, args=(i,)) for i in range(len(blocks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        first = bytes(descs[0])
+        again = xseg.share_block(blocks[0])  # overwrites this thread's buffer
+        seen = []
+        for i, d in enumerate(descs):
+            arg = (d, bytearray(d), memoryview(d))[i % 3]
+            with xseg.open_block(arg) as m:
+                seen.append(ctypes.string_at(m.ptr, 1)[0])
+        print(json.dumps({"types": sorted({type(d).__name__ for d in descs}), "distinct": len(set(descs)),
+                          "kept": descs[0] == first and again != first, "seen": seen}))
+    """)
+    out = last_json(proc)
+    assert out["types"] == ["bytes"]
+    assert out["distinct"] == 8 and out["kept"], out
+    assert out["seen"] == list(range(1, 9)), out
+
+
+def test_open_logs_its_stages_at_debug(spawn_py, run_py):
+    # At log level debug each open says where its time went (what
+    # python/gpu/mp_breakdown.py reads); at the default level it says
+    # nothing.
+    exp, desc = _start_exporter(spawn_py, importers=0)
+    quiet = run_py(IMPORTER, args=[desc])
+    assert "error" not in last_json(quiet)
+    assert "opened a shared block" not in quiet.stderr
+    loud = run_py(IMPORTER, args=[desc], env={"XSEG_LOG": "debug"})
+    assert "error" not in last_json(loud)
+    lines = [l for l in loud.stderr.splitlines() if "opened a shared block" in l]
+    assert len(lines) == 1, loud.stderr
+    kv = dict(re.findall(r"(\w+)=(\S+)", lines[0]))
+    assert kv["via"] in ("pidfd", "socket") and int(kv["bytes"]) == SIZE, kv
+    for k in ("fetch_us", "reserve_us", "import_us", "map_us", "lease_us"):
+        assert float(kv[k]) >= 0, kv
+    assert float(kv["fetch_us"]) > 0 and float(kv["import_us"]) > 0, kv
+    exp.send("exit")
+    rc, err = exp.finish()
+    assert rc == 0, err

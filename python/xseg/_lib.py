@@ -320,6 +320,11 @@ def record_stream(ptr: int, stream: int) -> bool:
 
 DESC_CAP = 1 << 16
 
+# Each thread's descriptor buffer: share_block runs once per tensor a
+# torch.multiprocessing message carries, and a fresh buffer (zeroed) plus
+# its copy (buf.raw) cost more than the share's own work in Go.
+_share_bufs = threading.local()
+
 
 def share_block(ptr: int, device: int = 0, importers: int = 0) -> bytes:
     """Share the live block that starts at ptr with other processes and
@@ -327,11 +332,13 @@ def share_block(ptr: int, device: int = 0, importers: int = 0) -> bytes:
     many importers have opened it (each holds the pages until it closes);
     0 keeps it until unshare(). The block's pages stay out of reuse while
     the share is open or any importer holds them, even after free()."""
-    buf = ctypes.create_string_buffer(DESC_CAP)
+    buf = getattr(_share_bufs, "buf", None)
+    if buf is None:
+        buf = _share_bufs.buf = ctypes.create_string_buffer(DESC_CAP)
     n = load().xseg_share_for(ptr, int(device), int(importers), buf, DESC_CAP)
     if n < 0:
         raise XsegError(f"xseg: share failed: {last_error()}")
-    return buf.raw[:n]
+    return ctypes.string_at(buf, n)
 
 
 def unshare(desc: bytes) -> None:
@@ -369,7 +376,7 @@ class Mapping:
 def open_block(desc: bytes, device: int = 0) -> Mapping:
     """Map the block that desc (from share_block in any process) names, for
     device. It stays valid after the exporter exits."""
-    d = bytes(desc)
+    d = desc if type(desc) is bytes else bytes(desc)
     ptr, size = ctypes.c_void_p(), ctypes.c_size_t()
     h = load().xseg_open(d, len(d), int(device), ctypes.byref(ptr), ctypes.byref(size))
     if h < 0:

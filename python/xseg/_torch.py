@@ -413,12 +413,17 @@ class _Opened:
                                          "version": 3, "strides": None, "stream": None}
 
 
+_cuda_devices: Dict[int, Any] = {}  # ordinal -> torch.device("cuda", ordinal)
+
+
 def _open_bytes(desc: bytes, dev: int) -> Any:
     torch = _torch()
     if not torch.cuda.is_initialized():
         torch.cuda.init()
-    m = _lib.open_block(bytes(desc), dev)
-    where = torch.device("cuda", dev)
+    m = _lib.open_block(desc, dev)
+    where = _cuda_devices.get(dev)
+    if where is None:
+        where = _cuda_devices[dev] = torch.device("cuda", dev)
     if torch.cuda.current_device() == dev:  # the usual case: no device switch
         return torch.as_tensor(_Opened(m), device=where)
     with torch.cuda.device(dev):
@@ -451,9 +456,9 @@ def _rebuild_tensor(cls: Any, desc: bytes, device: int, nbytes: int, dtype: Any,
     raw = _open_bytes(desc, device)
     if nbytes > raw.numel():
         raise XsegError(f"xseg: the shared block has {raw.numel()} bytes, the tensor's storage {nbytes}")
-    storage = raw.untyped_storage()
-    t = torch.empty((0,), dtype=dtype, device=torch.device("cuda", device))
-    t.set_(storage, offset, size, stride)
+    # raw's device and no allocation: new_empty skips parsing a device.
+    t = raw.new_empty((0,), dtype=dtype)
+    t.set_(raw.untyped_storage(), offset, size, stride)
     if cls is torch.nn.parameter.Parameter:
         return torch.nn.parameter.Parameter(t, requires_grad=requires_grad)
     if cls is not torch.Tensor:
