@@ -135,7 +135,7 @@ func ExampleLimiterOf() {
 	// Output:
 	// limit MiB: 256
 	// 512 MiB past the limit: true
-	// reserved MiB: 140
+	// reserved MiB: 128
 }
 
 // Any allocator can be forced by name: fallback hands out blocks of

@@ -12,11 +12,16 @@ import (
 // spec.Config, where its fields are documented.
 type Config = spec.Config
 
-// DefaultConfig returns the defaults (see spec.DefaultConfig): 2 MiB small
-// pages for requests up to 1 MiB, 20 MiB large pages, no release
-// threshold, a 128 MiB page cache, no OOM waits or retries, size factor
-// 0.8.
+// DefaultConfig returns the defaults (see spec.DefaultConfig): one pool of
+// 2 MiB pages a stream, recycled where the heap grows, chunks of up to
+// 1 GiB for large growths, no release threshold, a 128 MiB page cache, no
+// OOM waits or retries, size factor 0.8.
 func DefaultConfig() Config { return spec.DefaultConfig() }
+
+// ClassicConfig returns the page policy before 2026-11 (see
+// spec.ClassicConfig): 2 MiB small pages for requests up to 1 MiB, 20 MiB
+// large pages, no recycling.
+func ClassicConfig() Config { return spec.ClassicConfig() }
 
 // ParseConfig applies s, in the XSEG_CONF syntax "key:value,key:value", to
 // base (see spec.ParseConfig for the keys). Unknown keys and bad values

@@ -64,7 +64,7 @@ func ExampleDeviceAllocator_Pause() {
 	st, _ := weights.Stats()
 	fmt.Println("weights after resume:", b[0], "remaps:", st.Remaps)
 	// Output:
-	// reserved: 100 MiB
+	// reserved: 80 MiB
 	// reserved while paused: 0 MiB
 	// allocating in a paused tag: true
 	// weights after resume: 7 remaps: 1

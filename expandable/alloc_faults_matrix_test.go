@@ -12,7 +12,7 @@ import (
 
 // matrixConfig is the default configuration without OOM backoff sleeps.
 func matrixConfig() Config {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.OOMMaxRetries = 0
 	return cfg
 }

@@ -13,7 +13,7 @@ import (
 
 func TestBadInput(t *testing.T) {
 	d := vmmtest.HostDriver(t, 1<<30)
-	a := newAlloc(t, d, DefaultConfig())
+	a := newAlloc(t, d, ClassicConfig())
 	p, err := a.Alloc(4096, 0)
 	require.NoError(t, err)
 	before := a.Stats()
@@ -46,7 +46,7 @@ func TestBadInput(t *testing.T) {
 
 func TestNewChecksPageSizes(t *testing.T) {
 	d := vmmtest.HostDriver(t, 1<<30)
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.LargePageSize = 3 << 20
 	_, err := New(d, 0, cfg, nil)
 	require.ErrorIs(t, err, vmm.ErrInvalid)
@@ -54,7 +54,7 @@ func TestNewChecksPageSizes(t *testing.T) {
 }
 
 func TestRoundingSplitAndReuse(t *testing.T) {
-	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), DefaultConfig())
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), ClassicConfig())
 	p, err := a.Alloc(1, 0)
 	require.NoError(t, err)
 	q, err := a.Alloc(700, 0)
@@ -99,7 +99,7 @@ func (g *gated) EventSynchronize(e vmm.Event) error {
 func TestStreamOrderedReuse(t *testing.T) {
 	d := vmmtest.HostDriver(t, 1<<30)
 	g := &gated{Driver: d}
-	a := newAlloc(t, g, DefaultConfig())
+	a := newAlloc(t, g, ClassicConfig())
 	s, err := d.StreamCreate(0)
 	require.NoError(t, err)
 	defer func() {
@@ -134,7 +134,7 @@ func TestStreamOrderedReuse(t *testing.T) {
 func TestEmptyCacheWaitsForPendingBlocks(t *testing.T) {
 	d := vmmtest.HostDriver(t, 1<<30)
 	g := &gated{Driver: d}
-	a := newAlloc(t, g, DefaultConfig())
+	a := newAlloc(t, g, ClassicConfig())
 	s, err := d.StreamCreate(0)
 	require.NoError(t, err)
 	defer func() {
@@ -156,7 +156,7 @@ func TestEmptyCacheWaitsForPendingBlocks(t *testing.T) {
 }
 
 func TestPageCacheReuse(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.ReleaseThreshold = 1 // unmap every free page at once
 	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), cfg)
 	p, err := a.Alloc(40<<20, 0)
@@ -176,7 +176,7 @@ func TestPageCacheReuse(t *testing.T) {
 }
 
 func TestReleaseThreshold(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.ReleaseThreshold = 50 << 20
 	cfg.PageCacheBytes = 0
 	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), cfg)
@@ -193,7 +193,7 @@ func TestReleaseThreshold(t *testing.T) {
 }
 
 func TestSnapshot(t *testing.T) {
-	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), DefaultConfig())
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), ClassicConfig())
 	p, err := a.Alloc(3<<20, 0)
 	require.NoError(t, err)
 	snap := a.Snapshot()

@@ -124,6 +124,10 @@ func (a *Allocator) Snapshot() spec.Snapshot { return a.heap.Snapshot() }
 // ones return nil too, and other methods fail with vmm.ErrClosed.
 func (a *Allocator) Close() error { return a.heap.Close() }
 
-// DefaultConfig returns core.DefaultConfig: 2 MiB small pages for requests
-// up to 1 MiB, 20 MiB large pages, no release threshold.
+// DefaultConfig returns core.DefaultConfig: one pool of 2 MiB pages a
+// stream, recycled where the heap grows, chunks for large growths.
 func DefaultConfig() Config { return core.DefaultConfig() }
+
+// ClassicConfig returns core.ClassicConfig: 2 MiB small pages for requests
+// up to 1 MiB, 20 MiB large pages, no recycling.
+func ClassicConfig() Config { return core.ClassicConfig() }

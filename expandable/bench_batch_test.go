@@ -15,7 +15,7 @@ var torchLatencySizes = []uint64{512, 4096, 65536, 1 << 20, 3 << 20, 24 << 20, 1
 // Unlike BenchmarkAllocFreeCached, the freed blocks here lie next to each
 // other, so the allocator coalesces and splits on every round.
 func BenchmarkAllocFreeBatch(b *testing.B) {
-	a := newAlloc(b, benchDriver(b), DefaultConfig())
+	a := newAlloc(b, benchDriver(b), ClassicConfig())
 	ps := make([]vmm.DevicePtr, len(torchLatencySizes))
 	round := func() {
 		for j, n := range torchLatencySizes {

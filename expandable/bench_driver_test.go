@@ -29,7 +29,7 @@ func benchDriver(b testing.TB) vmm.Driver {
 // benchmark backend: on a warm cache no driver call is made, so the figure
 // is the allocator's own cost on that machine's CPU.
 func BenchmarkAllocFreeCachedDriver(b *testing.B) {
-	a := newAlloc(b, benchDriver(b), DefaultConfig())
+	a := newAlloc(b, benchDriver(b), ClassicConfig())
 	warm(b, a, 0)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -50,7 +50,7 @@ func BenchmarkAllocFreeCachedDriver(b *testing.B) {
 // and median, the figure torch_replay-side scripts quote for PyTorch) and
 // per page.
 func benchGrowTimed(b *testing.B, pages uint64) {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.PageCacheBytes = 0
 	a := newAlloc(b, benchDriver(b), cfg)
 	size := pages * cfg.LargePageSize

@@ -36,7 +36,7 @@ func warm(b *testing.B, a *Allocator, s vmm.Stream) {
 // BenchmarkAllocFreeCached is one Alloc and one Free of a size the cache
 // holds, sizes cycling from 512 B to 100 MiB.
 func BenchmarkAllocFreeCached(b *testing.B) {
-	a := newAlloc(b, vmmtest.HostDriver(b, 0), DefaultConfig())
+	a := newAlloc(b, vmmtest.HostDriver(b, 0), ClassicConfig())
 	warm(b, a, 0)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -56,7 +56,7 @@ func BenchmarkAllocFreeCached(b *testing.B) {
 // BenchmarkAllocFreeCachedParallel runs the pairs from GOMAXPROCS
 // goroutines on one stream.
 func BenchmarkAllocFreeCachedParallel(b *testing.B) {
-	a := newAlloc(b, vmmtest.HostDriver(b, 0), DefaultConfig())
+	a := newAlloc(b, vmmtest.HostDriver(b, 0), ClassicConfig())
 	for range 8 {
 		warm(b, a, 0)
 	}
@@ -80,7 +80,7 @@ func BenchmarkAllocFreeCachedParallel(b *testing.B) {
 // benchGrow allocates a block that needs pages fresh pages, frees it and
 // empties the cache, each iteration; it reports nanoseconds per grow.
 func benchGrow(b *testing.B, pages uint64) {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.PageCacheBytes = 0
 	a := newAlloc(b, vmmtest.HostDriver(b, 0), cfg)
 	size := pages * cfg.LargePageSize

@@ -12,7 +12,7 @@ import (
 // chunkConfig: one pool of 2 MiB pages, growths made of chunks of up to
 // chunk bytes (0: one physical allocation a page).
 func chunkConfig(chunk uint64) Config {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.SmallLimit = 0
 	cfg.LargePageSize = 2 * mib
 	cfg.ChunkBytes = chunk

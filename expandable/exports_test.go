@@ -31,7 +31,7 @@ func exportAll(t *testing.T, pin handles.Pin) {
 func TestExportsKeptUntilRelease(t *testing.T) {
 	f := vmmtest.NewFaulty(vmmtest.HostDriver(t, 1<<30))
 	base := vmmtest.TakeBaseline()
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.Shareable = true
 	a := newAlloc(t, f, cfg)
 	p, err := a.Alloc(100<<20, 0)
@@ -70,7 +70,7 @@ func TestExportsKeptUntilRelease(t *testing.T) {
 func TestExportKeptWhenReleaseFails(t *testing.T) {
 	f := vmmtest.NewFaulty(vmmtest.HostDriver(t, 1<<30))
 	base := vmmtest.TakeBaseline()
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.Shareable = true
 	a := newAlloc(t, f, cfg)
 	p, err := a.Alloc(30<<20, 0)
@@ -93,7 +93,7 @@ func TestExportKeptWhenReleaseFails(t *testing.T) {
 // share tries again.
 func TestExportFailsCleanly(t *testing.T) {
 	f := vmmtest.NewFaulty(vmmtest.HostDriver(t, 1<<30))
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.Shareable = true
 	a := newAlloc(t, f, cfg)
 	p, err := a.Alloc(1<<20, 0)

@@ -107,7 +107,7 @@ func FuzzAllocator(f *testing.F) {
 		d, err := hostOpen(200 << 20)
 		require.NoError(t, err)
 		defer d.Close()
-		a, err := New(d, 0, DefaultConfig(), nil)
+		a, err := New(d, 0, ClassicConfig(), nil)
 		require.NoError(t, err)
 		s, err := d.StreamCreate(0)
 		require.NoError(t, err)
@@ -152,7 +152,7 @@ func TestFaultInjection(t *testing.T) {
 			f := vmmtest.NewFaulty(d)
 			s, err := d.StreamCreate(0)
 			require.NoError(t, err)
-			a, err := New(f, 0, DefaultConfig(), nil)
+			a, err := New(f, 0, ClassicConfig(), nil)
 			require.NoError(t, err)
 			f.FailNth(op, n, vmmtest.ErrInjected)
 			failed := runFaulty(t, a, []vmm.Stream{0, s}, work)
@@ -232,7 +232,7 @@ func TestConcurrentStress(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		cfg  Config
-	}{{"default", DefaultConfig()}, {"recycle", recycleConfig(true)}, {"chunks", chunksRecycleConfig()}} {
+	}{{"default", ClassicConfig()}, {"recycle", recycleConfig(true)}, {"chunks", chunksRecycleConfig()}} {
 		t.Run(tc.name, func(t *testing.T) { concurrentStress(t, tc.cfg) })
 	}
 }

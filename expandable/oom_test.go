@@ -13,7 +13,7 @@ import (
 
 func TestOOMEmptiesAnotherStreamsCache(t *testing.T) {
 	d := vmmtest.HostDriver(t, 100<<20) // five 20 MiB pages
-	a := newAlloc(t, d, DefaultConfig())
+	a := newAlloc(t, d, ClassicConfig())
 	s, err := d.StreamCreate(0)
 	require.NoError(t, err)
 	defer func() {
@@ -35,7 +35,7 @@ func TestOOMEmptiesAnotherStreamsCache(t *testing.T) {
 
 func TestOOMErrorSaysWhat(t *testing.T) {
 	d := vmmtest.HostDriver(t, 100<<20)
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.OOMMaxRetries = 2
 	cfg.OOMDelay = time.Millisecond
 	a := newAlloc(t, d, cfg)
@@ -54,7 +54,7 @@ func TestOOMErrorSaysWhat(t *testing.T) {
 
 func TestOOMWaitsForFrees(t *testing.T) {
 	d := vmmtest.HostDriver(t, 100<<20)
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.OOMWait = 5 * time.Second
 	a := newAlloc(t, d, cfg)
 	p, err := a.Alloc(60<<20, 0)
@@ -74,7 +74,7 @@ func TestOOMWaitsForFrees(t *testing.T) {
 
 func TestAllocAtMost(t *testing.T) {
 	d := vmmtest.HostDriver(t, 100<<20)
-	a := newAlloc(t, d, DefaultConfig())
+	a := newAlloc(t, d, ClassicConfig())
 	p, size, err := a.AllocAtMost(1<<30, 10<<20, 0)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, size, uint64(10<<20))

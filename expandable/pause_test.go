@@ -125,7 +125,7 @@ func (e *pauseEnv) reservedIsHeld() {
 var tagSizes = []uint64{4 << 10, 100 << 10, 3 * mib, 25 * mib}
 
 func TestPauseKeepsContentsAndAddresses(t *testing.T) {
-	e := newPaused(t, DefaultConfig())
+	e := newPaused(t, ClassicConfig())
 	bs := e.allocTagged(tagSizes...)
 	other, err := e.a.Alloc(5*mib, 0) // the shared pools are not the tag's
 	require.NoError(t, err)
@@ -190,7 +190,7 @@ func TestPauseKeepsContentsAndAddresses(t *testing.T) {
 var ErrPausedForTest = core.ErrPaused
 
 func TestPauseWithoutBackup(t *testing.T) {
-	e := newPaused(t, DefaultConfig())
+	e := newPaused(t, ClassicConfig())
 	bs := e.allocTagged(tagSizes...)
 	cp := e.tagStats()
 	require.NoError(t, e.a.Pause(false))
@@ -209,7 +209,7 @@ func TestPauseWithoutBackup(t *testing.T) {
 }
 
 func TestPauseIdempotent(t *testing.T) {
-	e := newPaused(t, DefaultConfig())
+	e := newPaused(t, ClassicConfig())
 	bs := e.allocTagged(tagSizes...)
 	require.NoError(t, e.a.Resume(tagName), "resuming a live tag does nothing")
 	require.NoError(t, e.a.Pause(true, tagName))
@@ -229,7 +229,7 @@ func TestPauseIdempotent(t *testing.T) {
 }
 
 func TestPauseSeveralTags(t *testing.T) {
-	e := newPaused(t, DefaultConfig())
+	e := newPaused(t, ClassicConfig())
 	bs := e.allocTagged(3*mib, 4096)
 	kv, err := e.a.Tag("kv_cache")
 	require.NoError(t, err)
@@ -261,7 +261,7 @@ func TestPauseSeveralTags(t *testing.T) {
 }
 
 func TestTagNamesAndPoolCalls(t *testing.T) {
-	e := newPaused(t, DefaultConfig())
+	e := newPaused(t, ClassicConfig())
 	for _, bad := range []string{"", "a\x00b", string([]byte{0xff}), string(make([]byte, 257))} {
 		_, err := e.a.Tag(bad)
 		require.ErrorIs(t, err, vmm.ErrInvalid, "%q", bad)
@@ -278,7 +278,7 @@ func TestTagNamesAndPoolCalls(t *testing.T) {
 }
 
 func TestFreeInPausedTag(t *testing.T) {
-	e := newPaused(t, DefaultConfig())
+	e := newPaused(t, ClassicConfig())
 	bs := e.allocTagged(tagSizes...)
 	require.NoError(t, e.a.Pause(true))
 	require.NoError(t, e.a.Free(bs[1].ptr), "a block of a paused tag can be freed")
@@ -301,7 +301,7 @@ func TestFreeInPausedTag(t *testing.T) {
 // release threshold never touch a paused tag, and pausing a tag touches
 // nothing else.
 func TestPauseLeavesSharedPoolsAlone(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.ReleaseThreshold = 1
 	e := newPauseEnv(t, vmmtest.HostDriver(t, 200*mib), cfg)
 	defer func() { require.NoError(t, e.a.Close()) }()
@@ -342,7 +342,7 @@ func TestPauseLeavesSharedPoolsAlone(t *testing.T) {
 // the free pages of the shared pools and tries again; one that still does
 // not fit fails and leaves the tag paused, to be retried.
 func TestResumeOutOfMemory(t *testing.T) {
-	e := newPauseEnv(t, vmmtest.HostDriver(t, 100*mib), DefaultConfig())
+	e := newPauseEnv(t, vmmtest.HostDriver(t, 100*mib), ClassicConfig())
 	defer func() { require.NoError(t, e.a.Close()) }()
 	bs := e.allocTagged(3*mib, 25*mib) // 2 MiB + 40 MiB
 	require.NoError(t, e.a.Pause(true))
@@ -371,7 +371,7 @@ func TestResumeOutOfMemory(t *testing.T) {
 // TestPauseRefusesSharedBlocks: a tag with a block pinned for another
 // process is not paused; the error names the block.
 func TestPauseRefusesSharedBlocks(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.Shareable = true
 	e := newPaused(t, cfg)
 	bs := e.allocTagged(tagSizes...)
@@ -399,7 +399,7 @@ func TestPauseRefusesSharedBlocks(t *testing.T) {
 // captured into it finds every address mapped again after resume. Pause
 // and resume wait for no capture.
 func TestPauseCapture(t *testing.T) {
-	e := newPaused(t, DefaultConfig())
+	e := newPaused(t, ClassicConfig())
 	s, err := e.host.StreamCreate(0)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.host.StreamDestroy(s)) }()
@@ -438,7 +438,7 @@ func TestResumeRestoresPeerAccess(t *testing.T) {
 	require.NoError(t, err)
 	vmmtest.CheckLeaks(t, hd)
 	defer func() { require.NoError(t, hd.Close()) }()
-	e := newPauseEnv(t, hd, DefaultConfig())
+	e := newPauseEnv(t, hd, ClassicConfig())
 	defer func() { require.NoError(t, e.a.Close()) }()
 	bs := e.allocTagged(tagSizes...)
 	require.NoError(t, e.a.EnablePeerAccess(1))
@@ -457,7 +457,7 @@ func TestResumeRestoresPeerAccess(t *testing.T) {
 // TestPauseCycles: a thousand pauses and resumes leave the driver, the
 // fds and the Go heap as they were.
 func TestPauseCycles(t *testing.T) {
-	e := newPaused(t, DefaultConfig())
+	e := newPaused(t, ClassicConfig())
 	bs := e.allocTagged(4<<10, 64<<10, 1*mib+4096) // a small page and a large one
 	start := e.host.Usage()
 	cycles := 1000
@@ -498,7 +498,7 @@ func TestPauseCycles(t *testing.T) {
 // and -tags invariants). Blocks allocated before and kept throughout hold
 // their bytes: every pause keeps a backup.
 func TestPauseConcurrent(t *testing.T) {
-	e := newPaused(t, DefaultConfig())
+	e := newPaused(t, ClassicConfig())
 	kept := e.allocTagged(4<<10, 3*mib)
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
@@ -572,7 +572,7 @@ func TestPauseConcurrent(t *testing.T) {
 // TestResumeOverStuckPages: the pages a failed pause could not unmap are
 // unmapped by the Resume that maps the tag again.
 func TestResumeOverStuckPages(t *testing.T) {
-	e := newPaused(t, DefaultConfig())
+	e := newPaused(t, ClassicConfig())
 	bs := e.allocTagged(tagSizes...)
 	usage := e.host.Usage()
 	e.f.FailNth(vmmtest.OpUnmap, 3, nil)
@@ -587,7 +587,7 @@ func TestResumeOverStuckPages(t *testing.T) {
 // TestPauseHistory: the history records a pause's unmaps and a resume's
 // maps as the tag's pool's.
 func TestPauseHistory(t *testing.T) {
-	e := newPaused(t, DefaultConfig())
+	e := newPaused(t, ClassicConfig())
 	e.allocTagged(3 * mib)
 	require.NoError(t, e.a.RecordHistory(100))
 	require.NoError(t, e.a.Pause(false))
@@ -602,7 +602,7 @@ func TestPauseHistory(t *testing.T) {
 
 func TestCloseWhilePaused(t *testing.T) {
 	hd := vmmtest.HostDriver(t, 0)
-	e := newPauseEnv(t, hd, DefaultConfig())
+	e := newPauseEnv(t, hd, ClassicConfig())
 	e.allocTagged(tagSizes...)
 	e.f.FailNth(vmmtest.OpUnmap, 2, nil)
 	require.ErrorIs(t, e.a.Pause(true), vmmtest.ErrInjected)

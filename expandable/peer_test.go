@@ -25,7 +25,7 @@ func twoDevices(t *testing.T) *vmmtest.Faulty {
 // newAllocOn makes an allocator of device dev that the test closes.
 func newAllocOn(t *testing.T, d vmm.Driver, dev vmm.Device) *Allocator {
 	t.Helper()
-	a, err := New(d, dev, DefaultConfig(), nil)
+	a, err := New(d, dev, ClassicConfig(), nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, a.Close()) })
 	return a

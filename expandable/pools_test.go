@@ -209,7 +209,7 @@ var poolSizes = []uint64{512, 4096, 1 << 20, 3 << 20, 25 << 20}
 func TestPoolCaptureAddressesStayPrivate(t *testing.T) {
 	for _, size := range poolSizes {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
-			e := newPoolEnv(t, 1<<30, DefaultConfig())
+			e := newPoolEnv(t, 1<<30, ClassicConfig())
 			A, B := pid(1), pid(2)
 			e.begin(A, onStream(e.s))
 			tmp := e.alloc(size, e.s)
@@ -254,7 +254,7 @@ func TestPoolCaptureAddressesStayPrivate(t *testing.T) {
 func TestPoolTempFreedInCaptureStaysInPool(t *testing.T) {
 	for _, size := range poolSizes {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
-			e := newPoolEnv(t, 1<<30, DefaultConfig())
+			e := newPoolEnv(t, 1<<30, ClassicConfig())
 			A := pid(7)
 			e.begin(A, onStream(e.s))
 			tmp := e.alloc(size, e.s)
@@ -282,7 +282,7 @@ func TestPoolTempFreedInCaptureStaysInPool(t *testing.T) {
 }
 
 func TestPoolSharedIDAndUseCounting(t *testing.T) {
-	e := newPoolEnv(t, 1<<30, DefaultConfig())
+	e := newPoolEnv(t, 1<<30, ClassicConfig())
 	A := pid(3)
 	e.begin(A, onStream(e.s))
 	tmp := e.alloc(1<<20, e.s)
@@ -317,7 +317,7 @@ func TestPoolSharedIDAndUseCounting(t *testing.T) {
 }
 
 func TestPoolBadCalls(t *testing.T) {
-	e := newPoolEnv(t, 1<<30, DefaultConfig())
+	e := newPoolEnv(t, 1<<30, ClassicConfig())
 	zero, A, unknown := core.PoolID{}, pid(1), pid(99)
 	t.Run("ZeroID", func(t *testing.T) {
 		before := e.a.Stats()
@@ -389,7 +389,7 @@ func TestPoolBadCalls(t *testing.T) {
 }
 
 func TestPoolRouting(t *testing.T) {
-	e := newPoolEnv(t, 1<<30, DefaultConfig())
+	e := newPoolEnv(t, 1<<30, ClassicConfig())
 	A, B := pid(1), pid(2)
 
 	// A nil filter routes nothing; AllocInPool still reaches the pool.
@@ -435,7 +435,7 @@ func TestPoolReleaseReturnsMemory(t *testing.T) {
 		baseU vmm.Usage
 	}
 	start := func(t *testing.T) setup {
-		e := newPoolEnv(t, 1<<30, DefaultConfig())
+		e := newPoolEnv(t, 1<<30, ClassicConfig())
 		keep := e.alloc(3<<20, 0) // the shared pools hold something too
 		_ = keep
 		require.NoError(t, e.a.EmptyCache())
@@ -582,7 +582,7 @@ func TestPoolReleaseReturnsMemory(t *testing.T) {
 // TestPoolNoSyncWhileActive: while a pool is active the allocator makes no
 // call that stream capture forbids, whatever it is asked.
 func TestPoolNoSyncWhileActive(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.ReleaseThreshold = 4 << 20
 	e := newPoolEnv(t, 1<<30, cfg)
 	A, B := pid(1), pid(2)
@@ -646,7 +646,7 @@ func TestPoolNoSyncWhileActive(t *testing.T) {
 // TestPoolOOMDuringCapture: an allocation that finds no memory during
 // capture fails at once, without emptying the cache, waiting or retrying.
 func TestPoolOOMDuringCapture(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.OOMWait = 2 * time.Second
 	cfg.OOMMaxRetries = 3
 	cfg.OOMDelay = 200 * time.Millisecond
@@ -700,7 +700,7 @@ func TestPoolPagesNeverUnmapped(t *testing.T) {
 		return m
 	}
 	t.Run("EmptyCache", func(t *testing.T) {
-		e := newPoolEnv(t, 1<<30, DefaultConfig())
+		e := newPoolEnv(t, 1<<30, ClassicConfig())
 		A := pid(1)
 		m := fill(e, A)
 		require.NoError(t, e.a.EmptyCache())
@@ -710,7 +710,7 @@ func TestPoolPagesNeverUnmapped(t *testing.T) {
 		require.Zero(t, e.a.Stats().ReservedBytes.All.Current)
 	})
 	t.Run("ReleaseThreshold", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := ClassicConfig()
 		cfg.ReleaseThreshold = 1 // unmap every free page at once
 		e := newPoolEnv(t, 1<<30, cfg)
 		A := pid(1)
@@ -724,7 +724,7 @@ func TestPoolPagesNeverUnmapped(t *testing.T) {
 		require.Empty(t, poolSegments(e.a, A))
 	})
 	t.Run("OOM", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := ClassicConfig()
 		cfg.OOMMaxRetries = 1
 		cfg.OOMDelay = time.Millisecond
 		e := newPoolEnv(t, 120<<20, cfg)
@@ -742,7 +742,7 @@ func TestPoolPagesNeverUnmapped(t *testing.T) {
 		e.free(p)
 	})
 	t.Run("Stealing", func(t *testing.T) {
-		e := newPoolEnv(t, 1<<30, DefaultConfig())
+		e := newPoolEnv(t, 1<<30, ClassicConfig())
 		A := pid(1)
 		m := fill(e, A)
 		// Shared growth with whole free pages in the middle of the shared
@@ -760,7 +760,7 @@ func TestPoolPagesNeverUnmapped(t *testing.T) {
 }
 
 func TestPoolCheckpointRestore(t *testing.T) {
-	e := newPoolEnv(t, 1<<30, DefaultConfig())
+	e := newPoolEnv(t, 1<<30, ClassicConfig())
 	A := pid(4)
 	e.begin(A, onStream(e.s))
 	sizes := []uint64{3 << 20, 5 << 20, 2 << 20, 7 << 20, 2 << 20, 4096}
@@ -932,7 +932,7 @@ func TestPoolGiveBackFaults(t *testing.T) {
 	A := pid(1)
 
 	t.Run("DeviceSynchronize", func(t *testing.T) {
-		e := newPoolEnv(t, 1<<30, DefaultConfig())
+		e := newPoolEnv(t, 1<<30, ClassicConfig())
 		released(e, A)
 		m := mappedOf(e.a, A)
 		unmaps := e.f.Calls(vmmtest.OpUnmap)
@@ -949,7 +949,7 @@ func TestPoolGiveBackFaults(t *testing.T) {
 		gone(e, A)
 	})
 	t.Run("Unmap", func(t *testing.T) {
-		e := newPoolEnv(t, 1<<30, DefaultConfig())
+		e := newPoolEnv(t, 1<<30, ClassicConfig())
 		released(e, A)
 		e.f.FailNth(vmmtest.OpUnmap, 2, nil)
 		err := e.a.ReleasePool(A)
@@ -959,7 +959,7 @@ func TestPoolGiveBackFaults(t *testing.T) {
 		gone(e, A)
 	})
 	t.Run("Release", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := ClassicConfig()
 		cfg.PageCacheBytes = 0
 		e := newPoolEnv(t, 1<<30, cfg)
 		released(e, A)
@@ -974,7 +974,7 @@ func TestPoolGiveBackFaults(t *testing.T) {
 		gone(e, A)
 	})
 	t.Run("Unreserve", func(t *testing.T) {
-		e := newPoolEnv(t, 1<<30, DefaultConfig())
+		e := newPoolEnv(t, 1<<30, ClassicConfig())
 		released(e, A)
 		e.f.FailNth(vmmtest.OpUnreserve, 1, nil)
 		err := e.a.ReleasePool(A)
@@ -984,7 +984,7 @@ func TestPoolGiveBackFaults(t *testing.T) {
 		gone(e, A)
 	})
 	t.Run("AtEnd", func(t *testing.T) {
-		e := newPoolEnv(t, 1<<30, DefaultConfig())
+		e := newPoolEnv(t, 1<<30, ClassicConfig())
 		released(e, A)
 		B := pid(2)
 		e.begin(B, onStream(e.s))
@@ -998,7 +998,7 @@ func TestPoolGiveBackFaults(t *testing.T) {
 		gone(e, A)
 	})
 	t.Run("AtLastFree", func(t *testing.T) {
-		e := newPoolEnv(t, 1<<30, DefaultConfig())
+		e := newPoolEnv(t, 1<<30, ClassicConfig())
 		require.NoError(t, e.a.RetainPool(A))
 		p := e.allocIn(A, 30<<20, 0)
 		q := e.allocIn(A, 45<<20, 0)
@@ -1012,7 +1012,7 @@ func TestPoolGiveBackFaults(t *testing.T) {
 		gone(e, A)
 	})
 	t.Run("EventRecordAtEnd", func(t *testing.T) {
-		e := newPoolEnv(t, 1<<30, DefaultConfig())
+		e := newPoolEnv(t, 1<<30, ClassicConfig())
 		B := pid(2)
 		e.begin(B, onStream(e.s))
 		x := e.alloc(1<<20, e.s)
@@ -1034,7 +1034,7 @@ func TestPoolGiveBackFaults(t *testing.T) {
 // while another runs capture cycles; nobody's block is overwritten, no
 // forbidden call is made while a pool is active, and nothing leaks.
 func TestPoolConcurrent(t *testing.T) {
-	e := newPoolEnv(t, 4<<30, DefaultConfig())
+	e := newPoolEnv(t, 4<<30, ClassicConfig())
 	const workers = 6
 	iters := 300
 	cycles := 40
@@ -1241,7 +1241,7 @@ func TestPoolConcurrent(t *testing.T) {
 // dereference at internal/core/heap.go:215. Not pool-specific: any
 // workload with 4096 parked blocks in one (stream, pool) crashes.
 func TestRegressionFreeAfterCoalesce(t *testing.T) {
-	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), DefaultConfig())
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), ClassicConfig())
 	var ps []vmm.DevicePtr
 	for range 4200 {
 		p, err := a.Alloc(512, 0)
@@ -1258,7 +1258,7 @@ func TestRegressionFreeAfterCoalesce(t *testing.T) {
 // retry from emptying the cache (stream syncs and unmaps during capture,
 // internal/core/oom.go, the retry loop's releaseAllLocked).
 func TestRegressionOOMRetryDuringCapture(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.OOMMaxRetries = 1
 	cfg.OOMDelay = 300 * time.Millisecond
 	e := newPoolEnv(t, 100<<20, cfg)
@@ -1291,7 +1291,7 @@ func TestRegressionOOMRetryDuringCapture(t *testing.T) {
 // every whole free shared page (a stream sync each time) and the next
 // allocation maps them again (internal/core/release.go freeMappedLocked).
 func TestRegressionThresholdCountsPoolFreeBytes(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.ReleaseThreshold = 50 << 20
 	e := newPoolEnv(t, 1<<30, cfg)
 	A := pid(1)
@@ -1329,7 +1329,7 @@ func oomSleeper(e *poolEnv) <-chan struct{} {
 // works (giving it back deleted the pool under its route: a nil
 // dereference at the next routed allocation).
 func TestPoolOOMRetryRacingCapture(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.OOMMaxRetries = 1
 	cfg.OOMDelay = 400 * time.Millisecond
 	e := newPoolEnv(t, 110<<20, cfg) // 80 MiB shared + a page of A + a small page

@@ -30,7 +30,7 @@ func (d *orderDriver) Unmap(ptr vmm.DevicePtr, size uint64) error {
 }
 
 func recycleConfig(recycle bool) Config {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.SmallLimit = 0
 	cfg.LargePageSize = 2 * mib
 	cfg.PageCacheBytes = 0

@@ -124,7 +124,7 @@ func TestReplayTraces(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			evs := readTrace(t, filepath.Join("..", "bench", "traces", tc.name+".trace.gz"))
-			a := newAlloc(t, vmmtest.HostDriver(t, 0), DefaultConfig())
+			a := newAlloc(t, vmmtest.HostDriver(t, 0), ClassicConfig())
 			r := replay(t, a, evs)
 			st := a.Stats()
 			t.Logf("%s: %d events, peak live %d, peak reserved %d, ratio %.5f, %v/event, maps %d, set-access calls %d",

@@ -33,7 +33,7 @@ func TestThousandStreams(t *testing.T) {
 			require.NoError(t, d.StreamDestroy(s))
 		}
 	})
-	a := newAlloc(t, d, core.DefaultConfig())
+	a := newAlloc(t, d, core.ClassicConfig())
 	ptrs := make([]vmm.DevicePtr, 0, 2*len(streams))
 	for i, s := range streams {
 		p, err := a.Alloc(4*core.MiB, s)
@@ -62,7 +62,7 @@ func TestReservationsGrowGeometrically(t *testing.T) {
 	s, err := d.StreamCreate(0)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, d.StreamDestroy(s)) })
-	a := newAlloc(t, d, core.DefaultConfig())
+	a := newAlloc(t, d, core.ClassicConfig())
 	var ptrs []vmm.DevicePtr
 	for range 96 { // 6 GiB in 64 MiB blocks on each stream
 		for _, st := range []vmm.Stream{0, s} {

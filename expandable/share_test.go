@@ -11,7 +11,7 @@ import (
 
 func TestPinBlockNeedsShareable(t *testing.T) {
 	d := vmmtest.HostDriver(t, 0)
-	a := newAlloc(t, d, DefaultConfig())
+	a := newAlloc(t, d, ClassicConfig())
 	p, err := a.Alloc(1<<20, 0)
 	require.NoError(t, err)
 	_, err = a.PinBlock(p)
@@ -25,7 +25,7 @@ func TestPinBlockNeedsShareable(t *testing.T) {
 // pages survive EmptyCache, and the last unpin makes it free.
 func TestPinnedBlockOutlivesFree(t *testing.T) {
 	d := vmmtest.HostDriver(t, 0)
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.Shareable = true
 	a := newAlloc(t, d, cfg)
 	lo, err := a.Alloc(3<<20, 0) // large pool: the next block starts inside a page

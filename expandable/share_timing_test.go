@@ -21,7 +21,7 @@ func TestShareTimings(t *testing.T) {
 		t.Skip("times the CUDA backend: set XSEG_BENCH_BACKEND=cuda")
 	}
 	d := benchDriver(t)
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.Shareable = true
 	a := newAlloc(t, d, cfg)
 	p, err := a.Alloc(1<<30, 0)

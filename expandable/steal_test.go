@@ -15,7 +15,7 @@ import (
 // pages; the small pool never takes the large pool's mapped pages; with
 // pages of different sizes nothing moves between the pools.
 func TestGrowthTakesSmallPoolPages(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.LargePageSize = cfg.SmallPageSize
 	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), cfg)
 	var small []vmm.DevicePtr
@@ -55,7 +55,7 @@ func TestGrowthTakesSmallPoolPages(t *testing.T) {
 // TestNoStealAcrossPageSizes: with the default 2 MiB and 20 MiB pages a
 // large growth leaves the small pool's free pages mapped.
 func TestNoStealAcrossPageSizes(t *testing.T) {
-	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), DefaultConfig())
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), ClassicConfig())
 	p, err := a.Alloc(1<<20, 0)
 	require.NoError(t, err)
 	require.NoError(t, a.Free(p))
@@ -71,7 +71,7 @@ func TestNoStealAcrossPageSizes(t *testing.T) {
 // range, and the pages a freed large block leaves serve small requests
 // without new pages.
 func TestOnePool(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := ClassicConfig()
 	cfg.SmallLimit = 0
 	cfg.LargePageSize = 2 * mib
 	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), cfg)

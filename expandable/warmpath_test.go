@@ -22,7 +22,7 @@ func blockStatsOf(st spec.Stats) [5]spec.PoolStat {
 // the reset, all-pools values are the sums of the pools', and the
 // snapshot says the same.
 func TestBlockStatsAcrossResets(t *testing.T) {
-	a := newAlloc(t, vmmtest.HostDriver(t, 0), DefaultConfig())
+	a := newAlloc(t, vmmtest.HostDriver(t, 0), ClassicConfig())
 	const kib, mib = 1 << 10, 1 << 20
 	small1, err := a.Alloc(500, 0) // 512 bytes
 	require.NoError(t, err)
@@ -68,7 +68,7 @@ func TestBlockStatsAcrossResets(t *testing.T) {
 // pools) and checks that Free still refuses interior pointers and double
 // frees without changing anything, and frees each block once.
 func TestFreeRefusalsWithFullCache(t *testing.T) {
-	a := newAlloc(t, vmmtest.HostDriver(t, 0), DefaultConfig())
+	a := newAlloc(t, vmmtest.HostDriver(t, 0), ClassicConfig())
 	var ptrs []vmm.DevicePtr
 	for i := range 600 {
 		p, err := a.Alloc(uint64(512+(i%7)*512+(i%3)*(1<<20)), 0)

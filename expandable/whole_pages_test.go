@@ -14,7 +14,7 @@ import (
 // two small blocks share a page (issue 15, item 14).
 func TestWholePagesShareOnlyTheBlock(t *testing.T) {
 	for _, whole := range []bool{false, true} {
-		cfg := DefaultConfig()
+		cfg := ClassicConfig()
 		cfg.Shareable, cfg.WholePages = true, whole
 		a := newAlloc(t, vmmtest.HostDriver(t, 0), cfg)
 		pin := func(size uint64) (vmm.DevicePtr, []vmm.Handle, uint64, uint64) {

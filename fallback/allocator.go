@@ -44,6 +44,11 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 	if err != nil {
 		return nil, fmt.Errorf("fallback: device %d: %w", dev, err)
 	}
+	if cfg.RecyclePages {
+		// Recycling (the default page policy) needs pages mapped on
+		// demand; plain allocations take the classic layout instead.
+		cfg = classicPages(cfg)
+	}
 	for _, c := range cfg.PoolClasses() {
 		if c.PageSize == 0 || c.PageSize%core.MinBlock != 0 {
 			return nil, fmt.Errorf("fallback: %s: segment size %d is not a positive multiple of %d: %w", c.PageKey, c.PageSize, core.MinBlock, vmm.ErrInvalid)
@@ -134,6 +139,17 @@ func (a *Allocator) Snapshot() spec.Snapshot { return a.heap.Snapshot() }
 // methods fail with vmm.ErrClosed.
 func (a *Allocator) Close() error { return a.heap.Close() }
 
-// DefaultConfig returns core.DefaultConfig: 2 MiB small segments for
-// requests up to 1 MiB, 20 MiB large segments, no release threshold.
-func DefaultConfig() Config { return core.DefaultConfig() }
+// DefaultConfig returns core.ClassicConfig, the layout of PyTorch's own
+// segments: 2 MiB small segments for requests up to 1 MiB, 20 MiB large
+// segments, no release threshold. (Recycling pages and chunks need pages
+// mapped on demand, which plain allocations are not.)
+func DefaultConfig() Config { return core.ClassicConfig() }
+
+// classicPages is cfg with ClassicConfig's page policy (its page sizes,
+// small limit, no recycling, no chunks).
+func classicPages(cfg Config) Config {
+	c := core.ClassicConfig()
+	cfg.SmallPageSize, cfg.LargePageSize, cfg.SmallLimit = c.SmallPageSize, c.LargePageSize, c.SmallLimit
+	cfg.RecyclePages, cfg.ChunkBytes, cfg.ChunkMinBytes = false, 0, 0
+	return cfg
+}

@@ -206,7 +206,7 @@ func childExportAlloc() error {
 	if err != nil {
 		return err
 	}
-	cfg := expandable.DefaultConfig()
+	cfg := expandable.ClassicConfig()
 	cfg.Shareable = true
 	a, err := expandable.New(d, 0, cfg, nil)
 	if err != nil {

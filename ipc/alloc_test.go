@@ -59,7 +59,7 @@ func backendDriver(t *testing.T, name string) vmm.Driver {
 // warmCUDA does once what the test will do, so that the descriptors the
 // CUDA driver opens at first use and keeps are not counted as leaks.
 func warmCUDA(d vmm.Driver) error {
-	cfg := expandable.DefaultConfig()
+	cfg := expandable.ClassicConfig()
 	cfg.Shareable = true
 	a, err := expandable.New(d, 0, cfg, nil)
 	if err != nil {
@@ -108,7 +108,7 @@ func warmAllocIPC(d vmm.Driver) error {
 // shareableAlloc makes an expandable allocator with exportable pages.
 func shareableAlloc(t *testing.T, d vmm.Driver) *expandable.Allocator {
 	t.Helper()
-	cfg := expandable.DefaultConfig()
+	cfg := expandable.ClassicConfig()
 	cfg.Shareable = true
 	a, err := expandable.New(d, 0, cfg, nil)
 	require.NoError(t, err)

@@ -18,7 +18,7 @@ import (
 // pages and chunks of up to 64 MiB.
 func chunkedAlloc(t *testing.T, d vmm.Driver) *expandable.Allocator {
 	t.Helper()
-	cfg := expandable.DefaultConfig()
+	cfg := expandable.ClassicConfig()
 	cfg.Shareable, cfg.SmallLimit, cfg.LargePageSize, cfg.ChunkBytes = true, 0, 2<<20, 64<<20
 	a, err := expandable.New(d, 0, cfg, nil)
 	require.NoError(t, err)

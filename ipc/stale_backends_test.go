@@ -23,7 +23,7 @@ func TestStaleAndForgedBlockDescriptors(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			requirePidfd(t)
 			d := backendDriver(t, backend)
-			cfg := expandable.DefaultConfig()
+			cfg := expandable.ClassicConfig()
 			cfg.Shareable = true
 			a, err := expandable.New(d, 0, cfg, nil)
 			require.NoError(t, err)

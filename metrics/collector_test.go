@@ -81,7 +81,7 @@ func TestCollectorAllocator(t *testing.T) {
 	d, err := host.Open(host.Options{Capacity: 1 << 30})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, d.Close()) }()
-	a, err := expandable.New(d, 0, expandable.DefaultConfig(), nil)
+	a, err := expandable.New(d, 0, expandable.ClassicConfig(), nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, a.Close()) }()
 

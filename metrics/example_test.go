@@ -16,7 +16,7 @@ import (
 // them afresh. A program serves the registry with promhttp.HandlerFor;
 // here one metric of the gathered families is printed.
 func ExampleNew() {
-	cfg := xseg.DefaultConfig()
+	cfg := xseg.ClassicConfig()
 	a, err := xseg.Open(xseg.Options{Backend: "host", Config: &cfg})
 	if err != nil {
 		log.Fatal(err)
@@ -51,7 +51,7 @@ func ExampleNew() {
 
 // Attr puts the statistics on a log line.
 func ExampleAttr() {
-	cfg := xseg.DefaultConfig()
+	cfg := xseg.ClassicConfig()
 	a, err := xseg.Open(xseg.Options{Backend: "host", Config: &cfg})
 	if err != nil {
 		log.Fatal(err)

@@ -115,18 +115,42 @@ type Config struct {
 	WholePages bool
 }
 
-// DefaultConfig returns the defaults: 2 MiB small pages for requests up to
-// 1 MiB, 20 MiB large pages, no release threshold, a 128 MiB page cache, no
-// OOM waits or retries, size factor 0.8, not shareable.
+// DefaultConfig returns the defaults: one pool of 2 MiB pages a stream,
+// free pages recycled where the heap grows (RecyclePages) and chunks of
+// up to 1 GiB for large growths past the most the Heap has held
+// (ChunkBytes); no release threshold, a 128 MiB page cache, no OOM waits
+// or retries, size factor 0.8, not shareable. It keeps peak reserved
+// memory at or below PyTorch's expandable segments on every trace of
+// bench/traces (bench/RESULTS.md round 18). ClassicConfig is the policy
+// before it.
 func DefaultConfig() Config {
 	return Config{
 		SmallPageSize:  2 * MiB,
-		LargePageSize:  20 * MiB,
-		SmallLimit:     1 * MiB,
+		LargePageSize:  2 * MiB,
+		SmallLimit:     0,
+		RecyclePages:   true,
+		ChunkBytes:     1024 * MiB,
 		PageCacheBytes: 128 * MiB,
 		OOMDelay:       100 * time.Millisecond,
 		OOMSizeFactor:  0.8,
 	}
+}
+
+// ClassicConfig returns the page policy of xseg before 2026-11 (PyTorch's
+// expandable segments' layout): 2 MiB small pages for requests up to
+// 1 MiB, 20 MiB large pages, no recycling, no chunks; the rest as
+// DefaultConfig. The fallback allocator's default; XSEG_CONF's
+// "policy:classic" selects it.
+func ClassicConfig() Config {
+	c := DefaultConfig()
+	c.classic()
+	return c
+}
+
+// classic sets the page policy's fields to ClassicConfig's.
+func (c *Config) classic() {
+	c.SmallPageSize, c.LargePageSize, c.SmallLimit = 2*MiB, 20*MiB, 1*MiB
+	c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes = false, 0, 0
 }
 
 // Validate checks the values that do not depend on the device.
@@ -168,6 +192,9 @@ func (c Config) Validate() error {
 //	recycle_pages                  RecyclePages (true/false/1/0)
 //	chunk_mb                       ChunkBytes (MiB, 0 = off)
 //	chunk_min_mb                   ChunkMinBytes (MiB)
+//	policy                         "classic": the page policy of
+//	                               ClassicConfig (before the keys after it);
+//	                               "default": DefaultConfig's
 //
 // and the seed allocator's names OOM_MAX_RETRIES, OOM_DELAY_MS,
 // OOM_SIZE_FACTOR and OOM_VERBOSE as aliases.
@@ -187,6 +214,24 @@ var configKeys = map[string]func(c *Config, v string) error{
 	"recycle_pages":        boolean(func(c *Config) *bool { return &c.RecyclePages }),
 	"chunk_mb":             mib(func(c *Config) *uint64 { return &c.ChunkBytes }, MiB),
 	"chunk_min_mb":         mib(func(c *Config) *uint64 { return &c.ChunkMinBytes }, MiB),
+	"policy":               setPolicy,
+}
+
+// setPolicy sets the page policy's fields (page sizes, small limit,
+// recycling, chunks) to ClassicConfig's or DefaultConfig's; keys after it
+// change them further.
+func setPolicy(c *Config, v string) error {
+	switch v {
+	case "classic":
+		c.classic()
+	case "default":
+		d := DefaultConfig()
+		c.SmallPageSize, c.LargePageSize, c.SmallLimit = d.SmallPageSize, d.LargePageSize, d.SmallLimit
+		c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes = d.RecyclePages, d.ChunkBytes, d.ChunkMinBytes
+	default:
+		return fmt.Errorf("not a policy (classic or default): %s", quote(v))
+	}
+	return nil
 }
 
 // envAliases are the seed allocator's names, accepted as keys of XSEG_CONF

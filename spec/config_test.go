@@ -22,13 +22,34 @@ func TestParseConfigIssueExample(t *testing.T) {
 	require.Equal(t, DefaultConfig().SmallPageSize, c.SmallPageSize)
 }
 
+// TestParseConfigPolicy: "policy" sets the page policy's fields, and keys
+// after it change them further; other fields stay.
+func TestParseConfigPolicy(t *testing.T) {
+	c, err := ParseConfig(DefaultConfig(), "oom_max_retries:2,policy:classic")
+	require.NoError(t, err)
+	want := ClassicConfig()
+	want.OOMMaxRetries = 2
+	require.Equal(t, want, c)
+	c, err = ParseConfig(ClassicConfig(), "policy:default,large_page_mb:4")
+	require.NoError(t, err)
+	want = DefaultConfig()
+	want.LargePageSize = 4 * MiB
+	require.Equal(t, want, c)
+	for _, bad := range []string{"policy:", "policy:tight", "policy:Classic", "policy:1"} {
+		_, err := ParseConfig(DefaultConfig(), bad)
+		require.ErrorContains(t, err, "not a policy", bad)
+	}
+}
+
 func TestParseConfigKeysAndAliases(t *testing.T) {
 	c, err := ParseConfig(DefaultConfig(), " small_page_mb:4 , small_limit_kb:512,page_cache_mb:0,OOM_SIZE_FACTOR:0.5,OOM_VERBOSE:true,shareable:1,OOM_MAX_RETRIES:2,OOM_DELAY_MS:7,recycle_pages:true,chunk_mb:64")
 	require.NoError(t, err)
 	require.True(t, c.RecyclePages)
 	require.Equal(t, uint64(64*MiB), c.ChunkBytes)
-	require.Zero(t, DefaultConfig().ChunkBytes, "chunks are off by default")
-	require.False(t, DefaultConfig().RecyclePages)
+	require.Zero(t, ClassicConfig().ChunkBytes, "chunks are off in the classic policy")
+	require.False(t, ClassicConfig().RecyclePages)
+	require.True(t, DefaultConfig().RecyclePages, "and on by default")
+	require.Equal(t, uint64(1024*MiB), DefaultConfig().ChunkBytes)
 	require.Equal(t, uint64(4*MiB), c.SmallPageSize)
 	require.Equal(t, uint64(512*KiB), c.SmallLimit)
 	require.Zero(t, c.PageCacheBytes)

@@ -82,7 +82,7 @@ func TestPoolStatLayout(t *testing.T) {
 
 // TestPageMates: pools hand pages only to pools with pages of their size.
 func TestPageMates(t *testing.T) {
-	c := DefaultConfig()
+	c := ClassicConfig()
 	require.Empty(t, c.PageMates(Small), "2 MiB and 20 MiB pages do not mix")
 	require.Empty(t, c.PageMates(Large))
 	c.LargePageSize = c.SmallPageSize

@@ -19,9 +19,9 @@ func TestRun(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, run(&out, xseg.Options{Driver: d}, 20*time.Millisecond), out.String())
 	require.Equal(t, ""+
-		"after 101 requests:    reserved  220 MiB, device free 804 MiB, paused false (0 pauses, 0 resumes)\n"+
+		"after 101 requests:    reserved  192 MiB, device free 832 MiB, paused false (0 pauses, 0 resumes)\n"+
 		"idle:                  reserved    0 MiB, device free 1024 MiB, paused true (1 pauses, 0 resumes)\n"+
-		"after one more:        reserved  220 MiB, device free 804 MiB, paused false (1 pauses, 1 resumes)\n"+
+		"after one more:        reserved  192 MiB, device free 832 MiB, paused false (1 pauses, 1 resumes)\n"+
 		"weight 12345: 43 before the pause, 43 after (want 43), at the same address; weights remapped 1 time(s)\n",
 		out.String())
 }

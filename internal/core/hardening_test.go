@@ -20,7 +20,7 @@ import (
 // request: at most 65 attempts, and a result close to what is free.
 func TestAllocAtMostBoundedSteps(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		cfg := core.DefaultConfig()
+		cfg := core.ClassicConfig()
 		cfg.OOMSizeFactor = 0.9999999999999999
 		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), cfg)
 		held, err := a.Alloc(512*mib, 0)
@@ -67,7 +67,7 @@ func allocAtMostWithin(t *testing.T, a allocator, hi, lo uint64) atMost {
 // and fails there with the whole OOM policy.
 func TestAllocAtMostBoundedStepsFails(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		cfg := core.DefaultConfig()
+		cfg := core.ClassicConfig()
 		cfg.OOMSizeFactor = 0.9999999999999999
 		a := newAlloc(t, k, vmmtest.HostDriver(t, 256*mib), cfg)
 		held, err := a.Alloc(240*mib, 0)
@@ -86,7 +86,7 @@ func TestAllocAtMostBoundedStepsFails(t *testing.T) {
 // stream is now vmm.ErrInvalid and changes nothing.
 func TestUnknownStreamRefused(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.ClassicConfig())
 		const bad = vmm.Stream(0xdeadbeef)
 		_, err := a.Alloc(mib, bad)
 		require.ErrorIs(t, err, vmm.ErrInvalid)
@@ -110,7 +110,7 @@ func TestStreamCheckedOnce(t *testing.T) {
 		d := vmmtest.HostDriver(t, 1<<30)
 		s, err := d.StreamCreate(0)
 		require.NoError(t, err)
-		a := newAlloc(t, k, d, core.DefaultConfig())
+		a := newAlloc(t, k, d, core.ClassicConfig())
 		for range 3 {
 			p, err := a.Alloc(mib, s)
 			require.NoError(t, err)
@@ -134,7 +134,7 @@ func TestFreeAfterRecordedStreamDestroyed(t *testing.T) {
 		s2, err := d.StreamCreate(0)
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, d.StreamDestroy(s2)) })
-		a := newAlloc(t, k, d, core.DefaultConfig())
+		a := newAlloc(t, k, d, core.ClassicConfig())
 		p, err := a.Alloc(4*mib, 0)
 		require.NoError(t, err)
 		require.NoError(t, a.RecordStream(p, s1))
@@ -172,7 +172,7 @@ func TestDeferredFreeAfterStreamDestroyed(t *testing.T) {
 		d := vmmtest.HostDriver(t, 1<<30)
 		s, err := d.StreamCreate(0)
 		require.NoError(t, err)
-		a := newAlloc(t, k, d, core.DefaultConfig())
+		a := newAlloc(t, k, d, core.ClassicConfig())
 		p, err := a.Alloc(4*mib, 0)
 		require.NoError(t, err)
 		require.NoError(t, a.RecordStream(p, s))
@@ -192,7 +192,7 @@ func TestDeferredFreeAfterStreamDestroyed(t *testing.T) {
 func TestStatsAfterCloseZero(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
 		d := vmmtest.HostDriver(t, 1<<30)
-		a := newAlloc(t, k, d, core.DefaultConfig())
+		a := newAlloc(t, k, d, core.ClassicConfig())
 		p, err := a.Alloc(80*mib, 0)
 		require.NoError(t, err)
 		q, err := a.Alloc(mib, 0)
@@ -214,7 +214,7 @@ func TestStatsAfterCloseZero(t *testing.T) {
 // at once.
 func TestCloseWakesBackoff(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		cfg := core.DefaultConfig()
+		cfg := core.ClassicConfig()
 		cfg.OOMMaxRetries, cfg.OOMDelay = 5, 3*time.Second
 		a := newAlloc(t, k, vmmtest.HostDriver(t, 256*mib), cfg)
 		_, err := a.Alloc(200*mib, 0)

@@ -41,7 +41,7 @@ func since(a allocator, n int) []core.HistoryEvent { return a.History()[n:] }
 
 func TestHistoryOff(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.ClassicConfig())
 		p, err := a.Alloc(1000, 0)
 		require.NoError(t, err)
 		require.NoError(t, a.Free(p))
@@ -62,7 +62,7 @@ func TestHistoryOff(t *testing.T) {
 // PyTorch's action names.
 func TestHistoryAllocFree(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.ClassicConfig())
 		require.NoError(t, a.RecordHistory(100))
 		before := time.Now().UnixMicro()
 		p, err := a.Alloc(1000, 0)
@@ -99,7 +99,7 @@ func TestHistoryRecordedStream(t *testing.T) {
 		s, err := hd.StreamCreate(0)
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, hd.StreamDestroy(s)) })
-		a := newAlloc(t, k, g, core.DefaultConfig())
+		a := newAlloc(t, k, g, core.ClassicConfig())
 		require.NoError(t, a.RecordHistory(100))
 		p, err := a.Alloc(1000, s)
 		require.NoError(t, err)
@@ -133,7 +133,7 @@ func TestHistoryRecordedStream(t *testing.T) {
 // the device's free memory, and no memory made for them.
 func TestHistoryOOM(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, vmmtest.HostDriver(t, 100*mib), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 100*mib), core.ClassicConfig())
 		require.NoError(t, a.RecordHistory(100))
 		p, err := a.Alloc(60*mib, 0)
 		require.NoError(t, err)
@@ -165,7 +165,7 @@ func TestHistoryOOM(t *testing.T) {
 // those it has; bad bounds change nothing.
 func TestHistoryRing(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.ClassicConfig())
 		require.NoError(t, a.RecordHistory(1000))
 		cycle := func() vmm.DevicePtr {
 			p, err := a.Alloc(1000, 0)
@@ -205,7 +205,7 @@ func TestHistoryRing(t *testing.T) {
 func TestHistoryUnmaps(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
 		t.Run("ReleaseThreshold", func(t *testing.T) {
-			cfg := core.DefaultConfig()
+			cfg := core.ClassicConfig()
 			cfg.ReleaseThreshold = 1
 			a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), cfg)
 			require.NoError(t, a.RecordHistory(100))
@@ -221,7 +221,7 @@ func TestHistoryUnmaps(t *testing.T) {
 			}, evs(a.History()))
 		})
 		t.Run("ReleasedPool", func(t *testing.T) {
-			a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
+			a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.ClassicConfig())
 			require.NoError(t, a.RecordHistory(100))
 			id := core.PoolID{First: 1, Second: 2}
 			require.NoError(t, a.RetainPool(id))
@@ -239,7 +239,7 @@ func TestHistoryUnmaps(t *testing.T) {
 			return
 		}
 		t.Run("Stolen", func(t *testing.T) {
-			a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
+			a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.ClassicConfig())
 			p, err := a.Alloc(20*mib, 0) // page 0
 			require.NoError(t, err)
 			q, err := a.Alloc(20*mib, 0) // page 1
@@ -275,7 +275,7 @@ func TestHistoryFaults(t *testing.T) {
 			t.Run(string(op), func(t *testing.T) {
 				hd := vmmtest.HostDriver(t, 1<<30)
 				d := vmmtest.NewFaulty(hd)
-				a := newAlloc(t, k, d, core.DefaultConfig())
+				a := newAlloc(t, k, d, core.ClassicConfig())
 				require.NoError(t, a.RecordHistory(100))
 				d.FailNth(op, 1, vmmtest.ErrInjected)
 				_, err := a.Alloc(30*mib, 0)
@@ -293,7 +293,7 @@ func TestHistoryFaults(t *testing.T) {
 		}
 		t.Run("OOMRetried", func(t *testing.T) {
 			d := vmmtest.NewFaulty(vmmtest.HostDriver(t, 1<<30))
-			a := newAlloc(t, k, d, core.DefaultConfig())
+			a := newAlloc(t, k, d, core.ClassicConfig())
 			require.NoError(t, a.RecordHistory(100))
 			d.FailNth(makeOp, 1, nil)
 			p, err := a.Alloc(30*mib, 0)
@@ -315,7 +315,7 @@ func TestHistoryFaults(t *testing.T) {
 // stays readable after it.
 func TestHistoryClose(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.ClassicConfig())
 		require.NoError(t, a.RecordHistory(100))
 		p, err := a.Alloc(1000, 0)
 		require.NoError(t, err)
@@ -329,7 +329,7 @@ func TestHistoryClose(t *testing.T) {
 // allocations (under -race); every history read is whole.
 func TestHistoryConcurrent(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.ClassicConfig())
 		known := []string{core.ActionAlloc, core.ActionFreeRequested, core.ActionFreeCompleted, k.made, k.gone, core.ActionOOM}
 		stop := make(chan struct{})
 		var reader sync.WaitGroup

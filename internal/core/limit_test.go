@@ -78,7 +78,7 @@ func reserved(a allocator) int64 { return a.Stats().ReservedBytes.All.Current }
 // out of memory naming the limit, at once: no waits, no delayed retries.
 func TestLimitStopsGrowth(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		cfg := core.DefaultConfig()
+		cfg := core.ClassicConfig()
 		cfg.OOMMaxRetries, cfg.OOMDelay, cfg.OOMWait = 3, time.Second, 10*time.Second
 		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), cfg)
 		a.SetMemoryLimit(60 * mib)
@@ -114,7 +114,7 @@ func TestLimitEmptiesCacheFirst(t *testing.T) {
 		s, err := d.StreamCreate(0)
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, d.StreamDestroy(s)) })
-		a := newAlloc(t, k, d, core.DefaultConfig())
+		a := newAlloc(t, k, d, core.ClassicConfig())
 		a.SetMemoryLimit(60 * mib)
 		p, err := a.Alloc(40*mib, s)
 		require.NoError(t, err)
@@ -133,7 +133,7 @@ func TestLimitEmptiesCacheFirst(t *testing.T) {
 // TestLimitZeroRemovesIt: limit 0 is no limit.
 func TestLimitZeroRemovesIt(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.ClassicConfig())
 		a.SetMemoryLimit(20 * mib)
 		_, err := a.Alloc(40*mib, 0)
 		require.ErrorIs(t, err, vmm.ErrOutOfMemory)
@@ -151,7 +151,7 @@ func TestLimitZeroRemovesIt(t *testing.T) {
 // memory already reserved stays usable, growth fails until EmptyCache.
 func TestLimitBelowReserved(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.ClassicConfig())
 		p, err := a.Alloc(60*mib, 0)
 		require.NoError(t, err)
 		a.SetMemoryLimit(20 * mib)
@@ -177,7 +177,7 @@ func TestLimitBelowReserved(t *testing.T) {
 // fractions change nothing.
 func TestMemoryFraction(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.ClassicConfig())
 		require.NoError(t, a.SetMemoryFraction(0.05))
 		want := uint64(math.Floor(0.05 * (1 << 30)))
 		require.Equal(t, want, a.MemoryLimit())
@@ -212,7 +212,7 @@ func TestMemoryFraction(t *testing.T) {
 // TestLimitAllocAtMost: AllocAtMost shrinks its request to fit the limit.
 func TestLimitAllocAtMost(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.ClassicConfig())
 		a.SetMemoryLimit(40 * mib)
 		p, size, err := a.AllocAtMost(100*mib, 10*mib, 0)
 		require.NoError(t, err)
@@ -229,7 +229,7 @@ func TestLimitAllocAtMost(t *testing.T) {
 // limit set.
 func TestLimitConcurrent(t *testing.T) {
 	forKinds(t, func(t *testing.T, k kind) {
-		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.DefaultConfig())
+		a := newAlloc(t, k, vmmtest.HostDriver(t, 1<<30), core.ClassicConfig())
 		a.SetMemoryLimit(100 * mib)
 		stop := make(chan struct{})
 		var setter sync.WaitGroup

@@ -48,3 +48,6 @@ const (
 
 // DefaultConfig is spec.DefaultConfig.
 func DefaultConfig() Config { return spec.DefaultConfig() }
+
+// ClassicConfig is spec.ClassicConfig.
+func ClassicConfig() Config { return spec.ClassicConfig() }
