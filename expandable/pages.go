@@ -176,8 +176,7 @@ func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size, whole uint64, st *co
 	defer p.mu.Unlock()
 	sp := seg.Data.(*segPages)
 	ps := seg.PageSize
-	first := int(uint64(ptr-seg.Base) / ps)
-	n := int(size / ps)
+	first, n := pageRange(seg, ptr, size)
 	if need := first + n; need > len(sp.handles) {
 		sp.handles = append(sp.handles, make([]vmm.Handle, need-len(sp.handles))...)
 	}
@@ -275,8 +274,8 @@ func (p *pages) Unmap(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.St
 func (p *pages) unmapLocked(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *core.Stats, put func(core.Pool, vmm.Handle) error) (uint64, error) {
 	sp := seg.Data.(*segPages)
 	ps := seg.PageSize
-	first := int(uint64(ptr-seg.Base) / ps)
-	end := first + int(size/ps)
+	first, n := pageRange(seg, ptr, size)
+	end := first + n
 	var done uint64
 	var errs []error
 	for done < size {
@@ -424,3 +423,10 @@ func releaseEach[T any](xs []T, release func(T) error) ([]T, error) {
 }
 
 func roundUp(n, unit uint64) uint64 { return (n + unit - 1) / unit * unit }
+
+// pageRange returns the index of the page of seg at ptr and how many
+// pages [ptr, ptr+size) holds.
+func pageRange(seg *core.Seg, ptr vmm.DevicePtr, size uint64) (first, n int) {
+	ps := seg.PageSize
+	return int(uint64(ptr-seg.Base) / ps), int(size / ps)
+}

@@ -30,8 +30,7 @@ func (p *pages) RetirePages(seg *core.Seg, ptr vmm.DevicePtr, size uint64, _ *co
 	defer p.mu.Unlock()
 	sp := seg.Data.(*segPages)
 	ps := seg.PageSize
-	first := int(uint64(ptr-seg.Base) / ps)
-	n := int(size / ps)
+	first, n := pageRange(seg, ptr, size)
 	if need := first + n; need > len(sp.ghosts) {
 		sp.ghosts = append(sp.ghosts, make([]vmm.Handle, need-len(sp.ghosts))...)
 	}
@@ -59,9 +58,9 @@ func (p *pages) UnmapRetired(seg *core.Seg, ptr vmm.DevicePtr, size uint64, st *
 	defer p.mu.Unlock()
 	sp := seg.Data.(*segPages)
 	ps := seg.PageSize
-	first := int(uint64(ptr-seg.Base) / ps)
+	first, n := pageRange(seg, ptr, size)
 	var errs []error
-	for i := first; i < first+int(size/ps); i++ {
+	for i := first; i < first+n; i++ {
 		done := uint64(i-first) * ps
 		if i >= len(sp.ghosts) || sp.ghosts[i] == 0 {
 			return done, errors.Join(append(errs, fmt.Errorf("unmapping retired page %d of segment %v: none is retired there: %w", i, seg.Base, vmm.ErrInvalid))...)

@@ -6,8 +6,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/hex"
-	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"runtime"
@@ -51,13 +49,7 @@ func childExportBench() error {
 	if err != nil {
 		return err
 	}
-	b, err := s.MarshalBinary()
-	if err != nil {
-		return err
-	}
-	fmt.Printf("desc=%s\n", hex.EncodeToString(b))
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	return nil
+	return announce(s)
 }
 
 // BenchmarkOpenClose is Importer.Open then Mapping.Close of a share of

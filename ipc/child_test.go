@@ -163,6 +163,12 @@ func childExport() error {
 	if err != nil {
 		return err
 	}
+	return announce(s)
+}
+
+// announce prints a child's share's descriptor for its parent and serves
+// it until the parent closes stdin.
+func announce(s *Share) error {
 	b, err := s.MarshalBinary()
 	if err != nil {
 		return err

@@ -85,39 +85,33 @@ func (h *Heap) settleRetiredLocked(seg *Seg, lo, hi vmm.DevicePtr, mode settleMo
 	if len(seg.retired) == 0 {
 		return nil
 	}
-	idle := h.markLocked(seg.Stream).idle
-	if mode == settleWait && !h.capturingLocked() {
-		idle = h.idleBeforeLocked(seg.Stream)
-	}
+	// The driver is asked about the mark only for a run the last answer
+	// does not cover, and only when the caller would wait for it.
+	m := h.markLocked(seg.Stream)
+	asked := mode != settleWait || h.capturingLocked()
 	var errs []error
+	unmapped := false
 	keep := seg.retired[:0]
 	for _, r := range seg.retired {
 		if r.hi <= lo || r.lo >= hi {
 			keep = append(keep, r)
 			continue
 		}
-		if r.freed >= idle {
-			switch {
-			case mode == settleIdle:
+		if r.freed >= m.idle && !asked {
+			h.refreshMarkLocked(seg.Stream, m)
+			asked = true
+		}
+		if r.freed >= m.idle && mode != settleSynced {
+			if err := h.waitRetiredLocked(seg, r, mode); err != nil {
+				errs = append(errs, err)
+			}
+			if r.freed >= m.idle { // not waited for
 				keep = append(keep, r)
 				continue
-			case mode == settleWait:
-				if h.capturingLocked() {
-					errs = append(errs, fmt.Errorf("pages at %v+%d, retired while work queued before their free may still run, cannot be waited for during a capture: %w", r.lo, r.hi-r.lo, vmm.ErrInUse))
-					keep = append(keep, r)
-					continue
-				}
-				h.mu.stats.Syncs++
-				if err := h.syncStreamLocked(seg.Stream); err != nil {
-					errs = append(errs, fmt.Errorf("synchronizing stream %#x before unmapping retired pages: %w", uintptr(seg.Stream), err))
-					keep = append(keep, r)
-					continue
-				}
-				h.streamIdleLocked(seg.Stream)
-				idle = h.markLocked(seg.Stream).idle
 			}
 		}
 		n, err := h.retirer.UnmapRetired(seg, r.lo, uint64(r.hi-r.lo), &h.mu.stats)
+		unmapped = unmapped || n > 0
 		if err != nil {
 			errs = append(errs, fmt.Errorf("unmapping retired pages at %v+%d: %w", r.lo, r.hi-r.lo, err))
 			if r.lo = r.lo.Add(n); r.lo < r.hi {
@@ -130,9 +124,27 @@ func (h *Heap) settleRetiredLocked(seg *Seg, lo, hi vmm.DevicePtr, mode settleMo
 	if len(keep) == 0 {
 		h.mu.retiring = slices.DeleteFunc(h.mu.retiring, func(s *Seg) bool { return s == seg })
 	}
-	h.syncReservedLocked()
+	if unmapped {
+		h.syncReservedLocked() // pages held for their old mapping were released
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("segment %v: %w", seg.Base, errors.Join(errs...))
+	}
+	return nil
+}
+
+// waitRetiredLocked waits for seg's stream before run r, whose free its
+// mark has not passed, is unmapped (settleWait; settleIdle waits for
+// nothing). It fails during a capture, which forbids the wait.
+func (h *Heap) waitRetiredLocked(seg *Seg, r retiredRun, mode settleMode) error {
+	if mode != settleWait {
+		return nil
+	}
+	if h.capturingLocked() {
+		return fmt.Errorf("pages at %v+%d, retired while work queued before their free may still run, cannot be waited for during a capture: %w", r.lo, r.hi-r.lo, vmm.ErrInUse)
+	}
+	if err := h.waitStreamLocked(seg); err != nil {
+		return fmt.Errorf("before unmapping retired pages: %w", err)
 	}
 	return nil
 }
