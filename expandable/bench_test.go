@@ -35,8 +35,16 @@ func warm(b *testing.B, a *Allocator, s vmm.Stream) {
 
 // BenchmarkAllocFreeCached is one Alloc and one Free of a size the cache
 // holds, sizes cycling from 512 B to 100 MiB.
+//
+// It runs under the classic policy (its sub-benchmark name says so) and
+// the default one.
 func BenchmarkAllocFreeCached(b *testing.B) {
-	a := newAlloc(b, vmmtest.HostDriver(b, 0), ClassicConfig())
+	b.Run("classic", func(b *testing.B) { benchCached(b, ClassicConfig()) })
+	b.Run("default", func(b *testing.B) { benchCached(b, DefaultConfig()) })
+}
+
+func benchCached(b *testing.B, cfg Config) {
+	a := newAlloc(b, vmmtest.HostDriver(b, 0), cfg)
 	warm(b, a, 0)
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -46,6 +46,10 @@ func (m *Mapping) Len() uint64 { return m.m.desc.Length }
 // Via is the transport that brought the pages.
 func (m *Mapping) Via() Transport { return m.m.via }
 
+// Allocations is how many of the exporter's allocations the block spans
+// (each imported and mapped on its own).
+func (m *Mapping) Allocations() int { return m.m.desc.PageCount }
+
 // Leased reports whether the mapping holds a lease on the exporter's share
 // (see Received.Leased).
 func (m *Mapping) Leased() bool { return m.m.leased }

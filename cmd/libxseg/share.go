@@ -122,7 +122,7 @@ func (s *sharing) open(desc []byte, device int) (int64, *ipc.Mapping, error) {
 	if lib.log.Enabled(context.Background(), slog.LevelDebug) {
 		st, us := m.Stages(), func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 		lib.log.Debug("xseg: opened a shared block", "device", device, "bytes", m.Len(), "via", m.Via().String(),
-			"fetch_us", us(st.Fetch), "reserve_us", us(st.Reserve), "import_us", us(st.Import),
+			"allocations", m.Allocations(), "fetch_us", us(st.Fetch), "reserve_us", us(st.Reserve), "import_us", us(st.Import),
 			"map_us", us(st.Map), "lease_us", us(st.Lease))
 	}
 	s.mu.Lock()

@@ -3,7 +3,6 @@ package core
 import (
 	"fmt"
 	"log/slog"
-	"sync"
 
 	"github.com/google/btree"
 
@@ -50,7 +49,7 @@ type Heap struct {
 	done chan struct{}
 
 	mu struct {
-		sync.Mutex
+		heapLock
 		closed bool
 		states map[stateKey]*state
 		def    [NumPools]*state // the states of stream 0, by pool

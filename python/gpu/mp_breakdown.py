@@ -16,7 +16,8 @@ storage, requires_grad, the class). open_stages_ms splits xseg's open by
 libxseg's own timing of it, logged at debug level in the consumer
 (go_fetch: pidfd_getfd or the socket, and the lease asked for;
 go_reserve; go_import; go_map: the maps and the one SetAccess; go_lease:
-the wait for the lease's answer left after them); what open has beyond
+the wait for the lease's answer left after them; go_allocations: how many
+of the exporter's allocations the block spans); what open has beyond
 their sum is ctypes, cgo, descriptor parsing and the debug line itself (a
 few us, inside open_block).
 Medians of 5 rounds after a warm-up, in ms. Prints RESULT <json>.
@@ -140,11 +141,15 @@ def open_stages(stderr):
     for line in stderr.splitlines():
         if "opened a shared block" in line:
             kv = dict(re.findall(r"(\w+)_us=([0-9.]+)", line))
-            rows.append({k: float(v) / 1e3 for k, v in kv.items()})
+            row = {k: float(v) / 1e3 for k, v in kv.items()}
+            a = re.search(r"allocations=(\d+)", line)
+            if a:
+                row["allocations"] = int(a.group(1))
+            rows.append(row)
     rows = rows[1:]
     if not rows:
         return {}
-    return {"go_" + k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}
+    return {"go_" + k: round(statistics.median(r.get(k, 0) for r in rows), 3) for k in rows[0]}
 
 
 def main():

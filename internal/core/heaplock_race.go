@@ -1,0 +1,9 @@
+//go:build race
+
+package core
+
+import "sync"
+
+// heapLock is sync.Mutex under the race detector, which cannot see the
+// release store of heaplock.go as synchronisation.
+type heapLock struct{ sync.Mutex }

@@ -1,0 +1,67 @@
+package core
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestHeapLockExcludes has goroutines add to a plain counter under the
+// lock, some holding it across a sleep so that others park: every
+// increment lands and every goroutine gets through.
+func TestHeapLockExcludes(t *testing.T) {
+	var l heapLock
+	const workers, rounds = 8, 5000
+	n := 0
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range rounds {
+				l.Lock()
+				v := n
+				if w == 0 && i%500 == 0 {
+					time.Sleep(200 * time.Microsecond) // make the others park
+				}
+				n = v + 1
+				l.Unlock()
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("goroutines still waiting for the lock after a minute")
+	}
+	require.Equal(t, workers*rounds, n)
+}
+
+// TestHeapLockLongHold: a goroutine waiting while the holder sleeps gets
+// the lock only after it is released, and soon after.
+func TestHeapLockLongHold(t *testing.T) {
+	var l heapLock
+	l.Lock()
+	require.False(t, l.TryLock())
+	got := make(chan time.Time)
+	go func() {
+		l.Lock()
+		got <- time.Now()
+		l.Unlock()
+	}()
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case <-got:
+		t.Fatal("a waiter got the lock while it was held")
+	default:
+	}
+	released := time.Now()
+	l.Unlock()
+	at := <-got
+	require.False(t, at.Before(released))
+	require.Less(t, at.Sub(released), time.Second)
+	require.True(t, l.TryLock())
+	l.Unlock()
+}
