@@ -80,6 +80,10 @@ type state struct {
 	recent [1 << recentBits]*exactList
 	// exactN counts the blocks in exact lists.
 	exactN int
+	// filled are the lists pushExact found empty since the last flush
+	// (each once, exactList.filled): flush walks them, not every size
+	// the state has seen.
+	filled []*exactList
 	free   *btree.BTreeG[*block] // coalesced free blocks by (size, ptr)
 	pivot  block
 	// freeBytes is the size of all free blocks (both structures).
@@ -90,9 +94,10 @@ type state struct {
 // dead marks a list flush has dropped from its state's map: a block's
 // hint to it is then stale.
 type exactList struct {
-	head *block
-	size uint64
-	dead bool
+	head   *block
+	size   uint64
+	dead   bool
+	filled bool // in state.filled
 }
 
 // recentBits is log2 of the slots of state.recent.
@@ -150,6 +155,8 @@ func (s *state) dropLists() {
 	}
 	clear(s.exact)
 	clear(s.recent[:])
+	clear(s.filled)
+	s.filled = s.filled[:0]
 }
 
 // isolated reports whether no coalesced free block or hole lies next to
@@ -173,6 +180,10 @@ func (s *state) pushExact(b *block) {
 			s.exact[b.size] = l
 		}
 		b.list = l
+	}
+	if !l.filled {
+		l.filled = true
+		s.filled = append(s.filled, l)
 	}
 	b.nextExact = l.head
 	b.inExact = true

@@ -91,9 +91,22 @@ func (h *Heap) verifyState(st *state, t *tally) error {
 			return fmt.Errorf("the recent-list cache holds a list of size %d that is not its state's", l.size)
 		}
 	}
+	queued := 0
+	for _, l := range st.filled {
+		if !l.filled {
+			return fmt.Errorf("the exact list of size %d is queued for flush but not marked", l.size)
+		}
+		queued++
+	}
+	marked := 0
 	for size, l := range st.exact {
 		if l.size != size || l.dead {
 			return fmt.Errorf("exact list under size %d says size %d, dead %v", size, l.size, l.dead)
+		}
+		if l.filled {
+			marked++
+		} else if l.head != nil {
+			return fmt.Errorf("the exact list of size %d holds blocks but flush would not walk it", size)
 		}
 		for b := l.head; b != nil; b = b.nextExact {
 			if !b.inExact || b.state != stFree || b.size != size || b.seg.st != st {
@@ -102,6 +115,9 @@ func (h *Heap) verifyState(st *state, t *tally) error {
 			exact++
 			freeBytes += b.size
 		}
+	}
+	if queued != marked {
+		return fmt.Errorf("%d exact lists queued for flush, %d marked", queued, marked)
 	}
 	if exact != st.exactN {
 		return fmt.Errorf("exact lists hold %d blocks, count says %d", exact, st.exactN)

@@ -61,12 +61,14 @@ func (h *Heap) coalesce(b *block) *block {
 	return b
 }
 
-// flush coalesces every block of st's exact-size lists.
+// flush coalesces every block of st's exact-size lists (those filled
+// since the last flush: the others are empty).
 func (h *Heap) flush(st *state) {
 	if st.exactN == 0 {
 		return
 	}
-	for _, l := range st.exact {
+	for _, l := range st.filled {
+		l.filled = false
 		b := l.head
 		l.head = nil
 		for b != nil {
@@ -78,6 +80,8 @@ func (h *Heap) flush(st *state) {
 			b = nx
 		}
 	}
+	clear(st.filled)
+	st.filled = st.filled[:0]
 	if len(st.exact) > maxSizes {
 		st.dropLists()
 	}
