@@ -152,3 +152,107 @@ func TestImporterForgetsFailedOpen(t *testing.T) {
 	require.True(t, e.imp.Usage().Zero(), "%v", e.imp.Usage())
 	e.leasesEnd(t)
 }
+
+// TestImporterStart: Start returns the block's address before its pages
+// are mapped; after Wait the bytes read right at that address, a second
+// Start or Open of the descriptor shares the mapping, and the last Close
+// gives everything back, the lease included.
+func TestImporterStart(t *testing.T) {
+	e, im := newStartEnv(t)
+	ctx := context.Background()
+	m1, err := im.Start(ctx, e.desc, 0, socketOnly)
+	require.NoError(t, err)
+	ptr := m1.Ptr()
+	require.NotZero(t, ptr)
+	require.EqualValues(t, 1<<20, m1.Len())
+	require.NoError(t, m1.Wait())
+	require.NoError(t, m1.Wait(), "a second Wait")
+	require.Equal(t, ptr, m1.Ptr())
+	require.NoError(t, readPattern(e.imp, m1.Ptr(), 1<<20, seedParent))
+	m2, err := im.Start(ctx, e.desc, 0, socketOnly)
+	require.NoError(t, err)
+	require.NoError(t, m2.Wait())
+	require.Equal(t, ptr, m2.Ptr(), "one mapping")
+	m3, err := im.Open(ctx, e.desc, 0, socketOnly)
+	require.NoError(t, err)
+	require.Equal(t, ptr, m3.Ptr())
+	require.Equal(t, 1, e.s.Leases())
+	for _, m := range []*Mapping{m1, m2, m3} {
+		require.NoError(t, m.Close())
+	}
+	e.givenBack(t, im)
+}
+
+// TestImporterStartBadInput: what Start can see at once fails there (no,
+// a truncated or a garbled descriptor), with nothing reserved or held; an exporter that is gone fails in Wait, with
+// nothing held either.
+func TestImporterStartBadInput(t *testing.T) {
+	e, im := newStartEnv(t)
+	ctx := context.Background()
+	for _, bad := range [][]byte{nil, e.desc[:len(e.desc)/2], append([]byte{0xff}, e.desc[1:]...)} {
+		m, err := im.Start(ctx, bad, 0, socketOnly)
+		require.Error(t, err)
+		require.Nil(t, m)
+	}
+	require.NoError(t, e.s.Close()) // no new importer is served
+	m, err := im.Start(ctx, e.desc, 0, socketOnly)
+	require.NoError(t, err, "the reservation works; the fetch fails later")
+	require.Error(t, m.Wait())
+	require.NoError(t, m.Close())
+	e.givenBack(t, im)
+}
+
+// TestImporterStartConcurrent starts, waits for and closes one descriptor
+// from many goroutines at once (under -race in CI): every Wait sees the
+// bytes, and the last Close leaves nothing held.
+func TestImporterStartConcurrent(t *testing.T) {
+	e, im := newStartEnv(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range 16 {
+		wg.Go(func() {
+			for range 4 {
+				m, err := im.Start(ctx, e.desc, 0, socketOnly)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if i%3 != 0 { // some close without waiting
+					if err := m.Wait(); err != nil {
+						errs <- err
+					} else if err := readPattern(e.imp, m.Ptr(), 4096, seedParent); err != nil {
+						errs <- err
+					}
+				}
+				if err := m.Close(); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	e.givenBack(t, im)
+}
+
+// newStartEnv is an importEnv and an Importer on its importing driver,
+// with no fd leaked by the end of the test.
+func newStartEnv(t *testing.T) (*importEnv, *Importer) {
+	requireNoFDLeak(t)
+	e := newImportEnv(t)
+	return e, NewImporter(e.imp)
+}
+
+// givenBack fails unless every lease on the share has ended, im keeps no
+// mapping and the importing driver holds no reservation, page or mapping
+// (CheckLeaks checks the driver again at the end of the test).
+func (e *importEnv) givenBack(t *testing.T, im *Importer) {
+	t.Helper()
+	e.leasesEnd(t)
+	require.Empty(t, im.maps)
+	require.Zero(t, e.imp.Usage())
+}

@@ -242,3 +242,60 @@ def test_open_logs_its_stages_at_debug(spawn_py, run_py):
     exp.send("exit")
     rc, err = exp.finish()
     assert rc == 0, err
+
+
+# An importer through open_start: the address at once, the bytes after
+# wait(); a closed share fails in wait(), and a Mapping closed before its
+# wait() leaves nothing behind (the exporter's lease count says so).
+START_IMPORTER = """
+import ctypes
+desc = bytes.fromhex(sys.argv[1])
+out = {}
+m = xseg.open_start(desc)
+out["ptr_known"] = m.ptr != 0 and m.size == %d
+m.wait()
+m.wait()  # a second wait returns at once
+out["seen"] = ctypes.string_at(m.ptr + m.size - 16, 16).hex()
+m2 = xseg.open_start(desc)
+out["shared"] = m2.ptr == m.ptr
+m2.close()  # before its wait
+try:
+    m2.wait()
+except xseg.XsegError as e:
+    out["wait_after_close"] = str(e)
+m.close()
+for bad in (b"", b"\\x00" * 7, bytes(desc[: len(desc) // 2])):
+    try:
+        xseg.open_start(bad)
+        out.setdefault("bad_opened", []).append(bad.hex())
+    except xseg.XsegError as e:
+        out.setdefault("bad", []).append(str(e))
+print(json.dumps(out))
+""" % SIZE
+
+
+def test_open_start_then_wait(spawn_py, run_py):
+    exp, desc = _start_exporter(spawn_py, importers=0)
+    got = last_json(run_py(START_IMPORTER, args=[desc]))
+    assert got["ptr_known"] is True, got
+    assert got["seen"] == A5, got
+    assert got["shared"] is True, "a second start of one descriptor shares the mapping"
+    assert "closed mapping" in got["wait_after_close"], got
+    assert "bad_opened" not in got and len(got["bad"]) == 3, got
+    exp.send("unshare")
+    assert exp.recv_json()[0] == "ok"
+    # The share is closed: the reservation works, the fetch fails, and
+    # wait() says so.
+    late = last_json(run_py("""
+        m = xseg.open_start(bytes.fromhex(sys.argv[1]))
+        try:
+            m.wait()
+            print(json.dumps({"opened": True}))
+        except xseg.XsegError as e:
+            m.close()
+            print(json.dumps({"error": str(e)}))
+    """, args=[desc]))
+    assert "error" in late and "open failed" in late["error"], late
+    exp.send("exit")
+    rc, err = exp.finish()
+    assert rc == 0, err
