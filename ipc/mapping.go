@@ -18,59 +18,23 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 	if m.desc.Kind == handles.KindCUDAIPC {
 		return m.openCUDAIPC(ctx, dev, opts)
 	}
-	if err := m.fetch(ctx, opts); err != nil {
-		return err
-	}
-	if err := m.reserve(); err != nil {
-		return err
-	}
-	return m.mapPages(dev, opts)
-}
-
-// openReserved is open for a mapping whose extent Start has reserved:
-// fetch, then map. On failure it has undone everything, the reservation
-// included.
-func (m *mapped) openReserved(ctx context.Context, dev vmm.Device, opts OpenOptions) error {
-	if err := m.fetch(ctx, opts); err != nil {
-		return errors.Join(err, m.undo())
-	}
-	return m.mapPages(dev, opts)
-}
-
-// fetch takes the pages from the exporter (and asks for the lease).
-func (m *mapped) fetch(ctx context.Context, opts OpenOptions) error {
 	t0 := time.Now()
 	r, err := fetch(ctx, m.desc, opts.Fetch, true)
-	m.stages.Fetch = time.Since(t0)
 	if err != nil {
 		return err
 	}
+	t1 := time.Now()
+	m.stages.Fetch = t1.Sub(t0)
 	m.recv, m.via, m.leased = r, r.Via, r.Leased()
-	return nil
-}
-
-// reserve reserves the shared extent at m.base; on failure it has undone
-// what open did before.
-func (m *mapped) reserve() error {
-	t0 := time.Now()
-	size := m.desc.Bytes()
-	var err error
+	ps, size := m.desc.PageSize, m.desc.Bytes()
 	m.base, err = m.drv.Reserve(size, 0)
-	m.stages.Reserve = time.Since(t0)
+	t0 = time.Now()
+	m.stages.Reserve = t0.Sub(t1)
 	if err != nil {
 		m.base = 0
 		return errors.Join(fmt.Errorf("reserving the shared extent of %d bytes: %w", size, err), m.undo())
 	}
 	m.reserved = true
-	return nil
-}
-
-// mapPages imports the fetched pages into the reserved extent, grants dev
-// access, closes the fds and waits for the lease. On failure it has undone
-// everything.
-func (m *mapped) mapPages(dev vmm.Device, opts OpenOptions) error {
-	t0 := time.Now()
-	r := m.recv
 	access := opts.Access
 	if access == vmm.AccessNone {
 		access = vmm.AccessReadWrite
@@ -79,11 +43,10 @@ func (m *mapped) mapPages(dev vmm.Device, opts OpenOptions) error {
 	if m.desc.Kind == handles.KindFabric {
 		n = len(r.Fabric)
 	}
-	var err error
 	m.pages = make([]vmm.Handle, n)
-	m.nmapped, err = pagerun.MapSpans(m.drv, m.base, m.desc.PageSize, m.desc.Spans, m.pages, []vmm.AccessDesc{{Device: dev, Flags: access}},
+	m.nmapped, err = pagerun.MapSpans(m.drv, m.base, ps, m.desc.Spans, m.pages, []vmm.AccessDesc{{Device: dev, Flags: access}},
 		pagerun.Source{Take: m.importPage, Give: m.releasePages})
-	t1 := time.Now()
+	t1 = time.Now()
 	m.stages.Map = t1.Sub(t0) - m.stages.Import
 	if err != nil {
 		return errors.Join(fmt.Errorf("device %d: %w", dev, err), m.undo())

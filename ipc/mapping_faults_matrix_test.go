@@ -13,8 +13,8 @@ import (
 	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
-// TestMappingFaultMatrix fails every driver operation of Open and Start
-// (import, reserve, map, set access) and of Mapping.Close, alone and with the
+// TestMappingFaultMatrix fails every driver operation of Open (import,
+// reserve, map, set access) and of Mapping.Close, alone and with the
 // operation that undoes it; after each case a new Open works, Close
 // reaches nil and the importing driver holds nothing, with no fd left open.
 func TestMappingFaultMatrix(t *testing.T) {
@@ -94,38 +94,7 @@ func mappingFaultMatrix(t *testing.T, desc []byte, via ...Transport) {
 			return m.Close()
 		}
 	}
-	start := func(d vmm.Driver) (*Mapping, error) {
-		return NewImporter(d).Start(context.Background(), desc, 0, opts)
-	}
 	scenarios := []vmmtest.Scenario{
-		{Name: "ipc-start", Setup: func(d vmm.Driver) (vmmtest.Subject, error) {
-			var m *Mapping
-			return vmmtest.Subject{
-				Act: func() (err error) {
-					if m, err = start(d); err != nil {
-						return err
-					}
-					return m.Wait()
-				},
-				Again: openClose(d),
-				Close: closeMapping(&m),
-			}, nil
-		}},
-		{Name: "ipc-start-close-early", Setup: func(d vmm.Driver) (vmmtest.Subject, error) {
-			var m *Mapping
-			return vmmtest.Subject{
-				// Closed before the pages are mapped: the close waits for
-				// the open and undoes it, or returns the undo's error.
-				Act: func() (err error) {
-					if m, err = start(d); err != nil {
-						return err
-					}
-					return m.Close()
-				},
-				Again: openClose(d),
-				Close: closeMapping(&m),
-			}, nil
-		}},
 		{Name: "ipc-open", Setup: func(d vmm.Driver) (vmmtest.Subject, error) {
 			var m *Mapping
 			return vmmtest.Subject{

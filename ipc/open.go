@@ -46,9 +46,6 @@ func (m *Mapping) Len() uint64 { return m.m.desc.Length }
 // Via is the transport that brought the pages.
 func (m *Mapping) Via() Transport { return m.m.via }
 
-// Device is the device the block is mapped for.
-func (m *Mapping) Device() vmm.Device { return m.m.key.dev }
-
 // Allocations is how many of the exporter's allocations the block spans
 // (each imported and mapped on its own).
 func (m *Mapping) Allocations() int { return m.m.desc.PageCount }
@@ -77,9 +74,6 @@ func (m *Mapping) Stages() OpenStages { return m.m.stages }
 // later Close of the same Mapping tries again, and returns nil once
 // nothing is held. Other Closes return nil. Using Ptr's memory after
 // Close is the caller's bug.
-//
-// A Mapping from Start may close before its pages are mapped: the last
-// Close waits for the open to end, then undoes it.
 func (m *Mapping) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -89,20 +83,11 @@ func (m *Mapping) Close() error {
 	if !m.owed {
 		return nil
 	}
-	<-m.m.ready
 	if err := m.m.teardown(m.m.nmapped); err != nil {
 		return fmt.Errorf("closing the mapping of pid %d's block at %v: %w", m.m.desc.ExporterPID, m.m.base, err)
 	}
 	m.owed = false
 	return nil
-}
-
-// Wait waits until the block's pages are mapped and returns nil, or
-// returns why the open failed; the Mapping then holds nothing (Close it
-// all the same). A Mapping from Open is mapped already.
-func (m *Mapping) Wait() error {
-	<-m.m.ready
-	return m.m.err
 }
 
 // mapped is the one mapping of a descriptor in an Importer.
@@ -193,9 +178,12 @@ func (im *Importer) Driver() vmm.Driver { return im.drv }
 // Open is safe for concurrent use; concurrent Opens of one descriptor wait
 // for one mapping. ctx bounds the socket exchange.
 func (im *Importer) Open(ctx context.Context, desc []byte, dev vmm.Device, opts OpenOptions) (*Mapping, error) {
-	d, err := im.parse(desc, dev)
+	d, err := handles.ParseDescriptor(desc)
+	if err == nil {
+		err = checkFits(im.drv, dev, d)
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("opening a shared block: %w", err)
 	}
 	key := mapKey{d.ExporterPID, d.Token, dev}
 	im.mu.Lock()
@@ -211,57 +199,16 @@ func (im *Importer) Open(ctx context.Context, desc []byte, dev vmm.Device, opts 
 	m := &mapped{im: im, key: key, drv: im.drv, desc: d, ready: make(chan struct{}), refs: 1}
 	im.maps[key] = m
 	im.mu.Unlock()
-	m.end(m.open(ctx, dev, opts))
+	m.err = m.open(ctx, dev, opts)
+	if m.err != nil {
+		m.err = fmt.Errorf("opening %d-byte block of pid %d: %w", d.Length, d.ExporterPID, m.err)
+		m.forget()
+	}
+	close(m.ready)
 	if m.err != nil {
 		return nil, m.err
 	}
 	return &Mapping{m: m}, nil
-}
-
-// Start is Open that returns as soon as the block's address is known:
-// it reserves the extent, then fetches, imports and maps the pages on a
-// goroutine of its own, while the caller prepares what will use them (a
-// PyTorch tensor over Ptr, say). The memory must not be touched before
-// Mapping.Wait returns nil. Errors found before the reservation (a bad
-// descriptor, one too large for the device, the reservation itself) are
-// returned here; later ones by Wait. A descriptor already open through
-// im for dev, or under way, and a cuda-ipc descriptor, are opened as
-// Open opens them, before Start returns.
-func (im *Importer) Start(ctx context.Context, desc []byte, dev vmm.Device, opts OpenOptions) (*Mapping, error) {
-	d, err := im.parse(desc, dev)
-	if err != nil {
-		return nil, err
-	}
-	if d.Kind == handles.KindCUDAIPC {
-		return im.Open(ctx, desc, dev, opts)
-	}
-	key := mapKey{d.ExporterPID, d.Token, dev}
-	im.mu.Lock()
-	if im.maps[key] != nil {
-		im.mu.Unlock()
-		return im.Open(ctx, desc, dev, opts)
-	}
-	m := &mapped{im: im, key: key, drv: im.drv, desc: d, ready: make(chan struct{}), refs: 1}
-	im.maps[key] = m
-	im.mu.Unlock()
-	if err := m.reserve(); err != nil {
-		m.end(err)
-		return nil, m.err
-	}
-	go func() { m.end(m.openReserved(ctx, dev, opts)) }()
-	return &Mapping{m: m}, nil
-}
-
-// parse parses desc and checks that its block fits device dev.
-func (im *Importer) parse(desc []byte, dev vmm.Device) (*handles.Descriptor, error) {
-	d, err := handles.ParseDescriptor(desc)
-	if err == nil {
-		err = checkFits(im.drv, dev, d)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("opening a shared block: %w", err)
-	}
-	return d, nil
 }
 
 // Open opens desc for device dev of drv through an Importer of its own
@@ -272,16 +219,6 @@ func (im *Importer) parse(desc []byte, dev vmm.Device) (*handles.Descriptor, err
 // Importer.
 func Open(ctx context.Context, desc []byte, drv vmm.Driver, dev vmm.Device, opts OpenOptions) (*Mapping, error) {
 	return NewImporter(drv).Open(ctx, desc, dev, opts)
-}
-
-// end records how the open of m ended (err nil: mapped) and lets those
-// waiting for it go on; a failed mapping is forgotten.
-func (m *mapped) end(err error) {
-	if err != nil {
-		m.err = fmt.Errorf("opening %d-byte block of pid %d: %w", m.desc.Length, m.desc.ExporterPID, err)
-		m.forget()
-	}
-	close(m.ready)
 }
 
 // forget takes a failed mapping out of its importer; Opens that waited
@@ -300,7 +237,7 @@ func (m *mapped) unref() bool {
 	defer m.im.mu.Unlock()
 	m.refs--
 	last := m.refs == 0
-	if last && m.im.maps[m.key] == m { // a failed Start's is forgotten already
+	if last {
 		delete(m.im.maps, m.key)
 	}
 	return last

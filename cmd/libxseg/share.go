@@ -111,22 +111,19 @@ func (s *sharing) unshare(desc []byte) error {
 }
 
 // open maps the block desc names for device and returns a handle number.
-// With start it returns once the address is known (Importer.Start): wait
-// then waits for the pages.
-func (s *sharing) open(desc []byte, device int, start bool) (int64, *ipc.Mapping, error) {
+func (s *sharing) open(desc []byte, device int) (int64, *ipc.Mapping, error) {
 	if _, err := lib.allocator(device); err != nil { // starts the driver
 		return 0, nil, err
 	}
-	open := s.importer().Open
-	if start {
-		open = s.importer().Start
-	}
-	m, err := open(context.Background(), desc, vmm.Device(device), ipc.OpenOptions{})
+	m, err := s.importer().Open(context.Background(), desc, vmm.Device(device), ipc.OpenOptions{})
 	if err != nil {
 		return 0, nil, err
 	}
-	if !start {
-		logOpened(m)
+	if lib.log.Enabled(context.Background(), slog.LevelDebug) {
+		st, us := m.Stages(), func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+		lib.log.Debug("xseg: opened a shared block", "device", device, "bytes", m.Len(), "via", m.Via().String(),
+			"allocations", m.Allocations(), "fetch_us", us(st.Fetch), "reserve_us", us(st.Reserve), "import_us", us(st.Import),
+			"map_us", us(st.Map), "lease_us", us(st.Lease))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -136,34 +133,6 @@ func (s *sharing) open(desc []byte, device int, start bool) (int64, *ipc.Mapping
 	s.mu.next++
 	s.mu.mappings[s.mu.next] = m
 	return s.mu.next, m, nil
-}
-
-// wait waits until the pages of the mapping with handle h are mapped
-// (ipc.Mapping.Wait); the handle stays open either way.
-func (s *sharing) wait(h int64) error {
-	s.mu.Lock()
-	m := s.mu.mappings[h]
-	s.mu.Unlock()
-	if m == nil {
-		return fmt.Errorf("no mapping has handle %d: %w", h, vmm.ErrInvalid)
-	}
-	if err := m.Wait(); err != nil {
-		return err
-	}
-	logOpened(m)
-	return nil
-}
-
-// logOpened logs, at debug level, the steps of the open that made m and
-// their times.
-func logOpened(m *ipc.Mapping) {
-	if !lib.log.Enabled(context.Background(), slog.LevelDebug) {
-		return
-	}
-	st, us := m.Stages(), func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-	lib.log.Debug("xseg: opened a shared block", "device", int(m.Device()), "bytes", m.Len(), "via", m.Via().String(),
-		"allocations", m.Allocations(), "fetch_us", us(st.Fetch), "reserve_us", us(st.Reserve), "import_us", us(st.Import),
-		"map_us", us(st.Map), "lease_us", us(st.Lease))
 }
 
 // importer returns the importer of the library's driver, which has
@@ -248,26 +217,15 @@ func xsegGoUnshare(desc unsafe.Pointer, length C.size_t) (rc C.int) {
 //
 //export xsegGoOpen
 func xsegGoOpen(desc unsafe.Pointer, length C.size_t, device C.int, ptr *C.uintptr_t, size *C.size_t) (h C.int64_t) {
-	return goOpen("xseg_open", desc, length, device, ptr, size, false)
-}
-
-// xsegGoOpenStart is xseg_open_start: xsegGoOpen through Importer.Start.
-//
-//export xsegGoOpenStart
-func xsegGoOpenStart(desc unsafe.Pointer, length C.size_t, device C.int, ptr *C.uintptr_t, size *C.size_t) (h C.int64_t) {
-	return goOpen("xseg_open_start", desc, length, device, ptr, size, true)
-}
-
-func goOpen(name string, desc unsafe.Pointer, length C.size_t, device C.int, ptr *C.uintptr_t, size *C.size_t, start bool) (h C.int64_t) {
 	h = -1
-	defer catch(name)
+	defer catch("xseg_open")
 	if err := checkOpenArgs(desc, uint64(length), ptr != nil, size != nil); err != nil {
-		fail(name, err)
+		fail("xseg_open", err)
 		return -1
 	}
-	id, m, err := shared.open(cBytes(desc, length), int(device), start)
+	id, m, err := shared.open(cBytes(desc, length), int(device))
 	if err != nil {
-		fail(name, fmt.Errorf("on device %d: %w", int(device), err))
+		fail("xseg_open", fmt.Errorf("on device %d: %w", int(device), err))
 		return -1
 	}
 	// Runs before catch, also on a panic: a mapping whose handle is not
@@ -275,19 +233,12 @@ func goOpen(name string, desc unsafe.Pointer, length C.size_t, device C.int, ptr
 	defer func() {
 		if h < 0 {
 			if err := shared.close(id); err != nil {
-				fail(name, fmt.Errorf("closing the mapping of a failed call: %w", err))
+				fail("xseg_open", fmt.Errorf("closing the mapping of a failed call: %w", err))
 			}
 		}
 	}()
 	*ptr, *size = C.uintptr_t(m.Ptr()), C.size_t(m.Len())
 	return C.int64_t(id)
-}
-
-//export xsegGoOpenWait
-func xsegGoOpenWait(h C.int64_t) (rc C.int) {
-	rc = -1
-	defer catch("xseg_open_wait")
-	return status("xseg_open_wait", shared.wait(int64(h)))
 }
 
 //export xsegGoClose

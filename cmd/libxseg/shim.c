@@ -79,15 +79,13 @@ ssize_t xseg_share_for(void* ptr, int device, int importers, void* out, size_t c
 
 int xseg_unshare(const void* desc, size_t len) { return xsegGoUnshare((void*)desc, len); }
 
-typedef int64_t (*go_open_fn)(void*, size_t, int, uintptr_t*, size_t*);
-
-// open_with calls Go's open or start. Go checks every argument, NULL
-// out-parameters included, before it opens anything, and writes only to
-// these locals; the caller's are written once there is a handle.
-static int64_t open_with(go_open_fn fn, const void* desc, size_t len, int device, void** ptr, size_t* size) {
+int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size) {
+	// Go checks every argument, NULL out-parameters included, before it
+	// opens anything, and writes only to these locals; the caller's are
+	// written once there is a handle.
 	uintptr_t p = 0;
 	size_t n = 0;
-	int64_t h = fn((void*)desc, len, device, ptr ? &p : NULL, size ? &n : NULL);
+	int64_t h = xsegGoOpen((void*)desc, len, device, ptr ? &p : NULL, size ? &n : NULL);
 	if (h > 0) {
 		*ptr = (void*)p;
 		*size = n;
@@ -95,18 +93,7 @@ static int64_t open_with(go_open_fn fn, const void* desc, size_t len, int device
 	return h;
 }
 
-int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size) {
-	return open_with(xsegGoOpen, desc, len, device, ptr, size);
-}
-
 int xseg_close(int64_t handle) { return xsegGoClose(handle); }
-
-int64_t xseg_open_start(const void* desc, size_t len, int device, void** ptr, size_t* size) {
-	return open_with(xsegGoOpenStart, desc, len, device, ptr, size);
-}
-
-int xseg_open_wait(int64_t handle) { return xsegGoOpenWait(handle); }
-
 
 int xseg_tag(int device, const char* name, unsigned long long* first, unsigned long long* second) {
 	return xsegGoTag(device, (char*)name, first, second);

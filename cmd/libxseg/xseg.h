@@ -158,21 +158,6 @@ int xseg_unshare(const void* desc, size_t len);
 int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size);
 int xseg_close(int64_t handle);
 
-/* xseg_open_start is xseg_open that returns as soon as *ptr and *size are
- * known, the extent reserved; the pages are fetched, imported and mapped
- * on a thread of the library's while the caller prepares what will use
- * them. Nothing may touch the memory before xseg_open_wait(handle) returns
- * 0. What xseg_open would refuse at once (bad arguments, a bad
- * descriptor, a block larger than the device, no address range) fails
- * here with -1; a later failure (the exporter gone, the driver refusing
- * an import or a map) makes xseg_open_wait return -1 with the reason in
- * xseg_last_error, everything undone. Either way xseg_close(handle)
- * follows, and may come before xseg_open_wait: it waits for the open to
- * end. A descriptor this process has open already shares that mapping,
- * as with xseg_open. */
-int64_t xseg_open_start(const void* desc, size_t len, int device, void** ptr, size_t* size);
-int xseg_open_wait(int64_t handle);
-
 /* Private pools from C. xseg_pool_route reports whether an allocation on
  * stream of device belongs to an active pool (1, with its id in *first and
  * *second), not (0), or a filter failed (-1); xseg_malloc routes with it.

@@ -6,24 +6,20 @@ with the producer's share and the consumer's open timed inside the path.
     python3 python/gpu/mp_breakdown.py xseg       # one mode
 
 Each round: put -> share start (the reducer's stream sync), share, share end
--> rebuild start (pickling, the pipe, unpickling), open (xseg: open_start,
-which returns once the address is known; native: rebuild_cuda_tensor
-whole), the rest of the rebuild, the first read.
+-> rebuild start (pickling, the pipe, unpickling), open (xseg: open_block;
+native: rebuild_cuda_tensor whole), the rest of the rebuild, the first read.
 xseg's rows split further: put -> the stream sync's start (to_sync: the
 feeder thread, pickling) and the sync itself; after_open into as_tensor
-(open_start's return -> _open_bytes's: the __cuda_array_interface__
-tensor, built while the library maps the pages, and the wait for them)
-and set_ (the rest of _rebuild_tensor: the typed tensor over the
-storage, requires_grad, the class); build (open_start's return to
-wait) and wait (the pages still being mapped when the tensor was built)
-split as_tensor further. open_stages_ms splits xseg's open by
+(open_block's return -> _open_bytes's: the __cuda_array_interface__
+tensor) and set_ (the rest of _rebuild_tensor: the typed tensor over the
+storage, requires_grad, the class). open_stages_ms splits xseg's open by
 libxseg's own timing of it, logged at debug level in the consumer
 (go_fetch: pidfd_getfd or the socket, and the lease asked for;
 go_reserve; go_import; go_map: the maps and the one SetAccess; go_lease:
 the wait for the lease's answer left after them; go_allocations: how many
 of the exporter's allocations the block spans); what open has beyond
-their sum is ctypes, cgo and descriptor parsing; the debug line is
-written in wait.
+their sum is ctypes, cgo, descriptor parsing and the debug line itself (a
+few us, inside open_block).
 Medians of 5 rounds after a warm-up, in ms. Prints RESULT <json>.
 """
 import json
@@ -58,8 +54,7 @@ def _consumer(mode, q_in, q_out):
         # Each open then logs its stages (fetch, reserve, import, map,
         # lease wait) to stderr, which main() reads.
         xseg._lib.set_log_level("debug")
-        _wrap(xseg._lib, "open_start", log, "open")
-        _wrap(xseg._lib.Mapping, "wait", log, "wait")
+        _wrap(xseg._lib, "open_block", log, "open")
         _wrap(xseg._torch, "_open_bytes", log, "open_bytes")
         _wrap(xseg._torch, "_rebuild_tensor", log, "rebuild")
     else:
@@ -128,9 +123,6 @@ def produce(mode):
             if "open_bytes" in r["log"]:
                 b1 = r["log"]["open_bytes"][0][1]
                 row.update(as_tensor=ms(o1, b1), set_=ms(b1, reb[1]))
-            if "wait" in r["log"]:
-                w0, w1 = r["log"]["wait"][0]
-                row.update(build=ms(o1, w0), wait=ms(w0, w1))
         row.update(rebuild=ms(*reb), read=ms(reb[1], r["t1"]))
         rows.append(row)
     q_in.put(None)

@@ -84,8 +84,6 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "xseg_share_for": (_SSZ, [_VP, _INT, _INT, _VP, _SZ]),
     "xseg_unshare": (_INT, [_c.c_char_p, _SZ]),
     "xseg_open": (_c.c_int64, [_c.c_char_p, _SZ, _INT, _c.POINTER(_VP), _c.POINTER(_SZ)]),
-    "xseg_open_start": (_c.c_int64, [_c.c_char_p, _SZ, _INT, _c.POINTER(_VP), _c.POINTER(_SZ)]),
-    "xseg_open_wait": (_INT, [_c.c_int64]),
     "xseg_close": (_INT, [_c.c_int64]),
     "xseg_pool_json": (_VP, [_INT, _ULL, _ULL, _INT]),
     "xseg_pool_restore": (_VP, [_INT, _c.c_char_p, _SZ]),
@@ -358,15 +356,6 @@ class Mapping:
     def __init__(self, handle: int, ptr: int, size: int) -> None:
         self.handle, self.ptr, self.size = handle, ptr, size
 
-    def wait(self) -> None:
-        """Wait until the pages of a Mapping from open_start are mapped
-        (at once for one from open_block); raise XsegError if the open
-        failed (the Mapping then holds nothing; close it all the same)."""
-        if self.handle <= 0:
-            raise XsegError("xseg: wait on a closed mapping")
-        if load().xseg_open_wait(self.handle) != 0:
-            raise XsegError(f"xseg: open failed: {last_error()}")
-
     def close(self) -> None:
         h, self.handle = self.handle, -1
         if h > 0 and _lib is not None:
@@ -387,21 +376,9 @@ class Mapping:
 def open_block(desc: bytes, device: int = 0) -> Mapping:
     """Map the block that desc (from share_block in any process) names, for
     device. It stays valid after the exporter exits."""
-    return _open(desc, device, "xseg_open")
-
-
-def open_start(desc: bytes, device: int = 0) -> Mapping:
-    """open_block that returns as soon as the mapping's address is known,
-    while the library maps the pages on a thread of its own: nothing may
-    touch the memory before the Mapping's wait() returns. Bad input fails
-    here; what fails later fails in wait()."""
-    return _open(desc, device, "xseg_open_start")
-
-
-def _open(desc: bytes, device: int, fn: str) -> Mapping:
     d = desc if type(desc) is bytes else bytes(desc)
     ptr, size = ctypes.c_void_p(), ctypes.c_size_t()
-    h = getattr(load(), fn)(d, len(d), int(device), ctypes.byref(ptr), ctypes.byref(size))
+    h = load().xseg_open(d, len(d), int(device), ctypes.byref(ptr), ctypes.byref(size))
     if h < 0:
         raise XsegError(f"xseg: open failed: {last_error()}")
     return Mapping(h, ptr.value or 0, size.value)

@@ -420,23 +420,14 @@ def _open_bytes(desc: bytes, dev: int) -> Any:
     torch = _torch()
     if not torch.cuda.is_initialized():
         torch.cuda.init()
-    # The library maps the pages while the tensor over their address is
-    # built: nothing reads them before wait().
-    m = _lib.open_start(desc, dev)
-    try:
-        where = _cuda_devices.get(dev)
-        if where is None:
-            where = _cuda_devices[dev] = torch.device("cuda", dev)
-        if torch.cuda.current_device() == dev:  # the usual case: no device switch
-            t = torch.as_tensor(_Opened(m), device=where)
-        else:
-            with torch.cuda.device(dev):
-                t = torch.as_tensor(_Opened(m), device=where)
-        m.wait()
-    except BaseException:
-        m.close()
-        raise
-    return t
+    m = _lib.open_block(desc, dev)
+    where = _cuda_devices.get(dev)
+    if where is None:
+        where = _cuda_devices[dev] = torch.device("cuda", dev)
+    if torch.cuda.current_device() == dev:  # the usual case: no device switch
+        return torch.as_tensor(_Opened(m), device=where)
+    with torch.cuda.device(dev):
+        return torch.as_tensor(_Opened(m), device=where)
 
 
 def open_tensor(desc: bytes, shape: Any, dtype: Any, device: Any = None) -> Any:

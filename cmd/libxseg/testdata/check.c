@@ -25,8 +25,6 @@ SYM(xseg_share)
 SYM(xseg_unshare)
 SYM(xseg_open)
 SYM(xseg_close)
-SYM(xseg_open_start)
-SYM(xseg_open_wait)
 
 
 static void load(const char* path) {
@@ -36,7 +34,6 @@ static void load(const char* path) {
 	LOAD(h, xseg_empty_cache) LOAD(h, xseg_reset_peak_stats) LOAD(h, xseg_configure)
 	LOAD(h, xseg_set_log_level) LOAD(h, xseg_version)
 	LOAD(h, xseg_share) LOAD(h, xseg_unshare) LOAD(h, xseg_open) LOAD(h, xseg_close)
-	LOAD(h, xseg_open_start) LOAD(h, xseg_open_wait)
 }
 
 
@@ -207,33 +204,6 @@ static void sharing(void) {
 	if (h > 0) CHECK(((unsigned char*)q)[n - 1] == 0x5a, "the mapping shows the block's bytes");
 	CHECK(h <= 0 || p_xseg_close(h) == 0, "close");
 	CHECK(p_xseg_close(h) == -1, "a second close");
-
-	// xseg_open_start: the same refusals at once, then an open waited
-	// for, one closed before its pages are mapped, and waits on handles
-	// that are not.
-	q = (void*)0x1;
-	size = 7;
-	CHECK(p_xseg_open_start(desc, (size_t)len, 0, NULL, &size) == -1 && error_has("ptr is NULL"), "start: NULL ptr");
-	CHECK(p_xseg_open_start(desc, (size_t)len, 0, &q, NULL) == -1 && error_has("size is NULL"), "start: NULL size");
-	CHECK(p_xseg_open_start(NULL, (size_t)len, 0, &q, &size) == -1 && error_has("desc is NULL"), "start: NULL desc");
-	CHECK(p_xseg_open_start(desc, 5, 0, &q, &size) == -1, "start: a cut descriptor");
-	CHECK(q == (void*)0x1 && size == 7, "a failed start leaves *ptr and *size alone");
-	CHECK(p_xseg_open_wait(12345) == -1 && error_has("no mapping has handle"), "wait on an unknown handle");
-	h = p_xseg_open_start(desc, (size_t)len, 0, &q, &size);
-	CHECK(h > 0 && size == n && q != (void*)0x1 && q != p, "start: handle %lld, %zu bytes", (long long)h, size);
-	if (h > 0) {
-		CHECK(p_xseg_open_wait(h) == 0, "wait");
-		CHECK(((unsigned char*)q)[n - 1] == 0x5a, "the started mapping shows the block's bytes");
-		void* q2 = NULL;
-		size_t size2 = 0;
-		int64_t h2 = p_xseg_open_start(desc, (size_t)len, 0, &q2, &size2);
-		CHECK(h2 > 0 && q2 == q && size2 == n, "a second start shares the mapping");
-		CHECK(h2 <= 0 || (p_xseg_open_wait(h2) == 0 && p_xseg_close(h2) == 0), "wait and close the second");
-		CHECK(p_xseg_close(h) == 0, "close the first");
-		CHECK(p_xseg_open_wait(h) == -1, "wait on a closed handle");
-	}
-	h = p_xseg_open_start(desc, (size_t)len, 0, &q, &size);
-	CHECK(h > 0 && p_xseg_close(h) == 0, "a start closed before its wait");
 	CHECK(p_xseg_unshare(desc, (size_t)len) == 0, "unshare");
 	p_xseg_free(p, (ssize_t)n, 0, NULL);
 	// The exporter hears of the closed lease over its socket, a moment
