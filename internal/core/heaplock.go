@@ -20,7 +20,11 @@ import (
 // timeout (wakeFirst, doubling to wakeLast) and tries again, and Unlock
 // sends a wake-up whenever it sees a waiter. A wake-up lost to the narrow
 // window in which both sides look at once costs a waiter at most one
-// timeout, never a deadlock. Under the race detector, which knows nothing
+// timeout, never a deadlock. Unlike sync.Mutex it has no starvation mode:
+// a woken waiter competes with new callers for the lock, as it does for
+// PyTorch's std::mutex; the Heap holds the lock for short steps, and for
+// driver calls that other callers wait out parked. Under the race
+// detector, which knows nothing
 // of plain release stores, the Heap uses sync.Mutex instead
 // (heaplock_race.go).
 type heapLock struct {
