@@ -162,6 +162,14 @@ func (p *pages) accessLocked() []vmm.AccessDesc {
 	return p.rw
 }
 
+// growHandles returns hs with at least n entries, the new ones zero.
+func growHandles(hs []vmm.Handle, n int) []vmm.Handle {
+	if n > len(hs) {
+		hs = append(hs, make([]vmm.Handle, n-len(hs))...)
+	}
+	return hs
+}
+
 // Map maps a run of pages, each from the cache or new, with one Map a
 // page and one SetAccess for the run, which grants the owner and every
 // enabled peer read-write access: reserved -> mapped -> accessible. It
@@ -177,9 +185,7 @@ func (p *pages) Map(seg *core.Seg, ptr vmm.DevicePtr, size, whole uint64, st *co
 	sp := seg.Data.(*segPages)
 	ps := seg.PageSize
 	first, n := pageRange(seg, ptr, size)
-	if need := first + n; need > len(sp.handles) {
-		sp.handles = append(sp.handles, make([]vmm.Handle, need-len(sp.handles))...)
-	}
+	sp.handles = growHandles(sp.handles, first+n)
 	if err := p.unstickLocked(seg, first, first+n); err != nil {
 		return fmt.Errorf("mapping %d pages at %v: %w", n, ptr, err)
 	}

@@ -31,9 +31,7 @@ func (p *pages) RetirePages(seg *core.Seg, ptr vmm.DevicePtr, size uint64, _ *co
 	sp := seg.Data.(*segPages)
 	ps := seg.PageSize
 	first, n := pageRange(seg, ptr, size)
-	if need := first + n; need > len(sp.ghosts) {
-		sp.ghosts = append(sp.ghosts, make([]vmm.Handle, need-len(sp.ghosts))...)
-	}
+	sp.ghosts = growHandles(sp.ghosts, first+n)
 	var errs []error
 	for i := first; i < first+n; i++ {
 		if _, ok := sp.chunkAt(i); ok || i >= len(sp.handles) || sp.handles[i] == 0 || sp.ghosts[i] != 0 {
