@@ -3,6 +3,7 @@
 package handles
 
 import (
+	"errors"
 	"os"
 	"runtime"
 	"testing"
@@ -120,4 +121,30 @@ func TestFabricConversions(t *testing.T) {
 	require.True(t, Fabric{}.IsZero())
 	require.Equal(t, h, f.Driver())
 	require.Equal(t, "fabric:ab000000…", f.String())
+}
+
+// TestSameOpenFile: a dup is the same open file, another memfd is not
+// (even one of the same name), and a closed FD is an error.
+func TestSameOpenFile(t *testing.T) {
+	a, b := newMemfd(t), newMemfd(t)
+	d, err := a.Dup()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Close() })
+	same, err := SameOpenFile(a, a)
+	if errors.Is(err, vmm.ErrNotSupported) {
+		t.Skipf("kcmp not allowed here: %v", err)
+	}
+	require.NoError(t, err)
+	require.True(t, same)
+	same, err = SameOpenFile(a, d)
+	require.NoError(t, err)
+	require.True(t, same, "a dup")
+	same, err = SameOpenFile(a, b)
+	require.NoError(t, err)
+	require.False(t, same, "another memfd")
+	require.NoError(t, d.Close())
+	_, err = SameOpenFile(a, d)
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+	_, err = SameOpenFile(nil, a)
+	require.ErrorIs(t, err, vmm.ErrInvalid)
 }

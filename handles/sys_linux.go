@@ -80,3 +80,29 @@ func (d *Descriptor) readAuth(fd int) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// kcmpFile is KCMP_FILE of linux/kcmp.h: compare two file descriptors'
+// open files.
+const kcmpFile = 0
+
+// SameOpenFile reports whether fds a and b of this process name the same
+// open file (one struct file: a dup, an fd passed over a socket or copied
+// by pidfd_getfd from one), with kcmp(2). Unlike FileIDOf it tells apart
+// files that share an inode (anonymous-inode files, as a CUDA export may
+// be). While a holds its file, no other file can compare equal to it. It
+// fails (wrapping vmm.ErrNotSupported for ENOSYS, EPERM from a seccomp
+// filter) where kcmp is not allowed.
+func SameOpenFile(a, b *FD) (bool, error) {
+	if a == nil || b == nil || a.Int() < 0 || b.Int() < 0 {
+		return false, fmt.Errorf("comparing a closed fd: %w", vmm.ErrInvalid)
+	}
+	pid := uintptr(unix.Getpid())
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, pid, pid, kcmpFile, uintptr(a.Int()), uintptr(b.Int()), 0)
+	switch {
+	case errno == unix.ENOSYS || errno == unix.EPERM:
+		return false, fmt.Errorf("kcmp: %w (%w)", vmm.ErrNotSupported, errno)
+	case errno != 0:
+		return false, fmt.Errorf("kcmp of fds %d and %d: %w", a.Int(), b.Int(), errno)
+	}
+	return r == 0, nil
+}

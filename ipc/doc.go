@@ -85,6 +85,19 @@
 // mapping stays valid after the exporter exits. [Open] opens through an
 // importer of its own, which shares with nothing.
 //
+// An importer made with [NewImporterWith] and [ImporterOptions].KeepFor
+// keeps a posix-fd mapping of up to 8 allocations for that long after its
+// last Close (lease ended, pages still mapped, its copy of each fd held):
+// an Open whose fetched fds are the same open files (kcmp(2): a producer
+// that shares the block it reused, whose allocator dups one kept export an
+// allocation) takes it over with no reserve, import, map or access grant.
+// The lease of the new share protects its reads as for any Open. A kept
+// mapping holds its exporter's allocations: memory the exporter releases
+// meanwhile returns to the device when the mapping goes (after KeepFor,
+// when KeepMax newer ones push it out, or at [Importer.DropKept]).
+// cmd/libxseg keeps for XSEG_IMPORT_KEEP_MS (1000 by default) and drops
+// them at xseg_empty_cache.
+//
 // # What an importer can reach
 //
 // Pages are the unit of sharing: a share exposes every page its block

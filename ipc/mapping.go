@@ -26,6 +26,17 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 	t1 := time.Now()
 	m.stages.Fetch = t1.Sub(t0)
 	m.recv, m.via, m.leased = r, r.Via, r.Leased()
+	access := opts.Access
+	if access == vmm.AccessNone {
+		access = vmm.AccessReadWrite
+	}
+	m.access = access
+	if m.desc.Kind == handles.KindPosixFD && m.im.opts.KeepFor > 0 {
+		if k := m.im.takeKept(m.desc, dev, access, r.FDs); k != nil {
+			err = m.adopt(k, r)
+			return m.finish(err, time.Now())
+		}
+	}
 	ps, size := m.desc.PageSize, m.desc.Bytes()
 	m.base, err = m.drv.Reserve(size, 0)
 	t0 = time.Now()
@@ -35,10 +46,6 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 		return errors.Join(fmt.Errorf("reserving the shared extent of %d bytes: %w", size, err), m.undo())
 	}
 	m.reserved = true
-	access := opts.Access
-	if access == vmm.AccessNone {
-		access = vmm.AccessReadWrite
-	}
 	n := len(r.FDs)
 	if m.desc.Kind == handles.KindFabric {
 		n = len(r.Fabric)
@@ -51,14 +58,26 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 	if err != nil {
 		return errors.Join(fmt.Errorf("device %d: %w", dev, err), m.undo())
 	}
-	// The imported handles keep the pages; the fds are no longer needed.
-	err = handles.CloseAll(r.FDs)
-	r.FDs = nil
+	// The imported handles keep the pages; the fds are no longer needed,
+	// but where the mapping may be kept (keep.go) they tell a later share
+	// of the same allocations.
+	if m.im.keepable(m, r.FDs) {
+		m.keepFDs, r.FDs = r.FDs, nil
+	} else {
+		err = handles.CloseAll(r.FDs)
+		r.FDs = nil
+	}
+	return m.finish(err, t1)
+}
+
+// finish ends an open whose pages are mapped (err: of the step before):
+// it waits for the lease, asked for after the fds were fetched and
+// answered while they were mapped, so that nobody reads the pages before
+// it is held. On failure it undoes everything.
+func (m *mapped) finish(err error, t1 time.Time) error {
 	if err == nil {
-		// Asked for after the fds were fetched, answered while they
-		// were mapped: nobody reads the pages before it is held.
-		err = r.awaitLease()
-		m.leased = r.Leased()
+		err = m.recv.awaitLease()
+		m.leased = m.recv.Leased()
 		m.stages.Lease = time.Since(t1)
 	}
 	if err != nil {
@@ -144,6 +163,13 @@ func (m *mapped) teardown(n int) error {
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
+	}
+	if m.keepFDs != nil {
+		err := handles.CloseAll(m.keepFDs)
+		m.keepFDs = nil
+		if err != nil {
+			return err
+		}
 	}
 	if m.recv != nil {
 		err := m.recv.Close()

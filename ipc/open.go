@@ -64,12 +64,19 @@ type OpenStages struct {
 	Fetch, Reserve, Import, Map, Lease time.Duration
 }
 
+// Reused reports whether the Open took over a kept mapping of the same
+// allocations (ImporterOptions.KeepFor) instead of mapping them again.
+func (m *Mapping) Reused() bool { return m.m.reused }
+
 // Stages are the times of the steps of the Open that made the mapping
 // (shared by every Mapping of it, see Mapping).
 func (m *Mapping) Stages() OpenStages { return m.m.stages }
 
 // Close drops this reference. The last one unmaps the pages, releases
-// them, gives back the address range and ends the lease. If the driver
+// them, gives back the address range and ends the lease; under
+// ImporterOptions.KeepFor it ends the lease and keeps the rest for a later
+// share of the same allocations (keep.go), returning the errors of older
+// kept mappings it tore down to make room. If the driver
 // fails, Close returns the error and keeps what it could not give back; a
 // later Close of the same Mapping tries again, and returns nil once
 // nothing is held. Other Closes return nil. Using Ptr's memory after
@@ -79,6 +86,10 @@ func (m *Mapping) Close() error {
 	defer m.mu.Unlock()
 	if !m.dropped {
 		m.dropped, m.owed = true, m.m.unref()
+		if m.owed && m.m.keepFDs != nil {
+			m.owed = false
+			return m.m.im.keep(m.m)
+		}
 	}
 	if !m.owed {
 		return nil
@@ -111,6 +122,15 @@ type mapped struct {
 	ready    chan struct{} // closed when Open's work ended
 	err      error         // of that work, read after ready
 	refs     int           // guarded by im.mu
+	// access is what the device was granted; keepFDs, under
+	// ImporterOptions.KeepFor, this process's copy of each allocation's
+	// fd, held while mapped so that a later share of the same files finds
+	// the mapping once kept (keep.go); reused, that this Open took a kept
+	// mapping over; timer ends it while kept.
+	access  vmm.Access
+	keepFDs []*handles.FD
+	reused  bool
+	timer   *time.Timer
 }
 
 // mapKey names a mapping in its Importer: the descriptor's exporter and
@@ -131,8 +151,10 @@ type mapKey struct {
 // share nothing: each maps the blocks opened through it, and the second
 // OpenAllocIPC of a cuda-ipc handle fails on CUDA.
 //
-// An Importer needs no closing: it holds only its live Mappings, each
-// closed by its own Close. It is safe for concurrent use.
+// An Importer made with NewImporter needs no closing: it holds only its
+// live Mappings, each closed by its own Close. One made with
+// NewImporterWith and KeepFor also holds the mappings it keeps (keep.go)
+// until they expire or DropKept. It is safe for concurrent use.
 type Importer struct {
 	drv vmm.Driver
 	mu  sync.Mutex // guards maps and the refs of every mapping in it
@@ -143,6 +165,13 @@ type Importer struct {
 	// close of the same handle.
 	ipcMu sync.Mutex
 	opens map[ipcKey]*ipcOpen
+
+	// opts: NewImporterWith's (keep.go); kept are the kept mappings,
+	// oldest first, and stuck those whose teardown failed; kcmpTried and
+	// kcmpOK whether kcmp was tried here and works. Guarded by mu.
+	opts              ImporterOptions
+	kept, stuck       []*mapped
+	kcmpTried, kcmpOK bool
 }
 
 // NewImporter returns an Importer that opens shared blocks on drv. It

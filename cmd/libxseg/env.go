@@ -5,7 +5,9 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"strconv"
 	"strings"
+	"time"
 
 	xseg "github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/bytesize"
@@ -24,7 +26,32 @@ const (
 	envHostCapacity = "XSEG_HOST_CAPACITY"
 	// envLog is the log level: off (the default), error, warn, info, debug.
 	envLog = "XSEG_LOG"
+	// envImportKeep is how long, in milliseconds, a block opened from
+	// another process stays mapped after its last close, for a later
+	// share of the same allocations (ipc.ImporterOptions.KeepFor):
+	// defaultImportKeep when unset, 0 to keep none.
+	envImportKeep = "XSEG_IMPORT_KEEP_MS"
 )
+
+// defaultImportKeep is the KeepFor of the library's importer when
+// XSEG_IMPORT_KEEP_MS is unset.
+const defaultImportKeep = time.Second
+
+// maxImportKeep bounds XSEG_IMPORT_KEEP_MS: an hour.
+const maxImportKeep = time.Hour
+
+// importKeepFromEnv reads XSEG_IMPORT_KEEP_MS.
+func importKeepFromEnv(getenv func(string) string) (time.Duration, error) {
+	s := strings.TrimSpace(getenv(envImportKeep))
+	if s == "" {
+		return defaultImportKeep, nil
+	}
+	ms, err := strconv.ParseUint(s, 10, 32)
+	if err != nil || time.Duration(ms)*time.Millisecond > maxImportKeep {
+		return 0, fmt.Errorf("%s=%q: want whole milliseconds from 0 to %d: %w", envImportKeep, bounded(s), maxImportKeep.Milliseconds(), vmm.ErrInvalid)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
 
 // levelOff is a level above every record's: nothing is logged.
 const levelOff = slog.Level(math.MaxInt32)

@@ -364,3 +364,22 @@ func TestLibraryClosedWhileWaitingMessage(t *testing.T) {
 	require.ErrorIs(t, err, vmm.ErrClosed)
 	require.Equal(t, 1, strings.Count(err.Error(), "allocating 104857600 bytes"), err.Error())
 }
+
+// TestImportKeepFromEnv: XSEG_IMPORT_KEEP_MS unset is the default, 0
+// keeps nothing, whole milliseconds up to an hour are taken, the rest is
+// an error that names the variable.
+func TestImportKeepFromEnv(t *testing.T) {
+	d, err := importKeepFromEnv(env{}.get)
+	require.NoError(t, err)
+	require.Equal(t, defaultImportKeep, d)
+	for s, want := range map[string]time.Duration{"0": 0, " 250 ": 250 * time.Millisecond, "3600000": time.Hour} {
+		d, err := importKeepFromEnv(env{envImportKeep: s}.get)
+		require.NoError(t, err, s)
+		require.Equal(t, want, d, s)
+	}
+	for _, s := range []string{"-1", "1.5", "1s", "3600001", "99999999999999999999", "x"} {
+		_, err := importKeepFromEnv(env{envImportKeep: s}.get)
+		require.ErrorIs(t, err, vmm.ErrInvalid, s)
+		require.ErrorContains(t, err, envImportKeep, s)
+	}
+}

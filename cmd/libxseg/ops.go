@@ -88,9 +88,11 @@ func (l *library) each(dev int, fn func(*xseg.DeviceAllocator) error) error {
 }
 
 // emptyCache gives every whole free page of dev (-1: every device) back to
-// the driver.
+// the driver, after the mappings of other processes' blocks the importer
+// keeps (every device's: they may hold memory their exporter released).
 func (l *library) emptyCache(dev int) error {
-	return l.each(dev, func(a *xseg.DeviceAllocator) error { return a.EmptyCache() })
+	err := shared.dropKept()
+	return errors.Join(err, l.each(dev, func(a *xseg.DeviceAllocator) error { return a.EmptyCache() }))
 }
 
 // resetPeakStats makes every peak of dev (-1: every device) the current

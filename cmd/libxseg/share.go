@@ -115,14 +115,18 @@ func (s *sharing) open(desc []byte, device int) (int64, *ipc.Mapping, error) {
 	if _, err := lib.allocator(device); err != nil { // starts the driver
 		return 0, nil, err
 	}
-	m, err := s.importer().Open(context.Background(), desc, vmm.Device(device), ipc.OpenOptions{})
+	imp, err := s.importer()
+	if err != nil {
+		return 0, nil, err
+	}
+	m, err := imp.Open(context.Background(), desc, vmm.Device(device), ipc.OpenOptions{})
 	if err != nil {
 		return 0, nil, err
 	}
 	if lib.log.Enabled(context.Background(), slog.LevelDebug) {
 		st, us := m.Stages(), func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 		lib.log.Debug("xseg: opened a shared block", "device", device, "bytes", m.Len(), "via", m.Via().String(),
-			"allocations", m.Allocations(), "fetch_us", us(st.Fetch), "reserve_us", us(st.Reserve), "import_us", us(st.Import),
+			"allocations", m.Allocations(), "reused", m.Reused(), "fetch_us", us(st.Fetch), "reserve_us", us(st.Reserve), "import_us", us(st.Import),
 			"map_us", us(st.Map), "lease_us", us(st.Lease))
 	}
 	s.mu.Lock()
@@ -136,14 +140,37 @@ func (s *sharing) open(desc []byte, device int) (int64, *ipc.Mapping, error) {
 }
 
 // importer returns the importer of the library's driver, which has
-// started (the driver never changes after that).
-func (s *sharing) importer() *ipc.Importer {
+// started (the driver never changes after that). It keeps closed
+// mappings for XSEG_IMPORT_KEEP_MS (ipc.ImporterOptions.KeepFor); a value
+// it cannot read is an error of every open.
+func (s *sharing) importer() (*ipc.Importer, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.imp == nil {
-		s.mu.imp = ipc.NewImporter(lib.driver())
+		keep, err := importKeepFromEnv(lib.getenv)
+		if err != nil {
+			return nil, err
+		}
+		imp, err := ipc.NewImporterWith(lib.driver(), ipc.ImporterOptions{KeepFor: keep, OnError: func(err error) {
+			lib.log.Warn("xseg: dropping a kept mapping", "err", err)
+		}})
+		if err != nil {
+			return nil, err
+		}
+		s.mu.imp = imp
 	}
-	return s.mu.imp
+	return s.mu.imp, nil
+}
+
+// dropKept tears down the mappings the importer keeps, if it was made.
+func (s *sharing) dropKept() error {
+	s.mu.Lock()
+	imp := s.mu.imp
+	s.mu.Unlock()
+	if imp == nil {
+		return nil
+	}
+	return imp.DropKept()
 }
 
 // close closes the mapping of handle h.

@@ -108,7 +108,8 @@ char* xseg_stats_json(int device);
 char* xseg_snapshot_json(int device);
 void xseg_string_free(char* s);
 
-/* xseg_empty_cache gives every whole free page of device (-1: all devices)
+/* xseg_empty_cache drops the kept mappings of other processes' blocks (see
+ * xseg_open) and gives every whole free page of device (-1: all devices)
  * back to the driver; xseg_reset_peak_stats makes every peak the current
  * value. Both return 0, or -1 on failure. */
 int xseg_empty_cache(int device);
@@ -154,7 +155,11 @@ int xseg_unshare(const void* desc, size_t len);
  * for xseg_close, or -1, with *ptr and *size unchanged; a NULL desc, ptr
  * or size, or len 0, fails before anything is opened. xseg_close unmaps once the last handle of the
  * mapping closes; 0 or -1. The mapping stays valid after the exporter
- * exits. */
+ * exits. After its last close a mapping stays mapped (lease ended) for
+ * XSEG_IMPORT_KEEP_MS milliseconds (read at the first open; default 1000,
+ * 0: none), at most eight of them, and a later share of the same exporter
+ * allocations opens on it without mapping again; xseg_empty_cache drops
+ * them, so memory their exporter released returns to the device. */
 int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size);
 int xseg_close(int64_t handle);
 

@@ -17,7 +17,9 @@ libxseg's own timing of it, logged at debug level in the consumer
 (go_fetch: pidfd_getfd or the socket, and the lease asked for;
 go_reserve; go_import; go_map: the maps and the one SetAccess; go_lease:
 the wait for the lease's answer left after them; go_allocations: how many
-of the exporter's allocations the block spans); what open has beyond
+of the exporter's allocations the block spans; go_reused: 1 where the
+open took over the mapping kept from the last round's,
+XSEG_IMPORT_KEEP_MS); what open has beyond
 their sum is ctypes, cgo, descriptor parsing and the debug line itself (a
 few us, inside open_block).
 Medians of 5 rounds after a warm-up, in ms. Prints RESULT <json>.
@@ -145,6 +147,7 @@ def open_stages(stderr):
             a = re.search(r"allocations=(\d+)", line)
             if a:
                 row["allocations"] = int(a.group(1))
+            row["reused"] = 1.0 if "reused=true" in line else 0.0
             rows.append(row)
     rows = rows[1:]
     if not rows:
