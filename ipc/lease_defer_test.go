@@ -5,6 +5,7 @@ package ipc
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -56,4 +57,66 @@ func TestOpenLeaseRefusedAfterMapping(t *testing.T) {
 	require.NoError(t, m.Close())
 	require.NoError(t, s.Close())
 	require.NoError(t, a.Free(ptr))
+}
+
+// TestOpenDeferLease: with OpenOptions.DeferLease, Open returns the
+// mapping before the exporter's answer; AwaitLease reads it. A refusal
+// comes from AwaitLease (every call), an Open of the same descriptor
+// without DeferLease then fails too, and Close gives everything back. An
+// admitted lease is held once AwaitLease returns nil, and a kept mapping
+// taken over is deferred the same way.
+func TestOpenDeferLease(t *testing.T) {
+	requirePidfd(t)
+	imp := vmmtest.NewFaulty(backendDriver(t, "host"))
+	exp := backendDriver(t, "host")
+	a := shareableAlloc(t, exp)
+	ptr, err := a.Alloc(1<<20, 0)
+	require.NoError(t, err)
+	require.NoError(t, writePattern(exp, ptr, 1<<20, seedParent))
+	base := vmmtest.TakeBaseline()
+	pidfd := OpenOptions{Fetch: FetchOptions{Transports: []Transport{TransportPidfd}}, DeferLease: true}
+
+	e := newExporter(t, ExporterOptions{refuse: func(*unix.Ucred) bool { return true }})
+	s, err := e.ShareBlock(exp, a, ptr)
+	require.NoError(t, err)
+	desc, err := s.MarshalBinary()
+	require.NoError(t, err)
+	im := NewImporter(imp)
+	m, err := im.Open(context.Background(), desc, 0, pidfd)
+	require.NoError(t, err, "the answer is not read yet")
+	require.ErrorIs(t, m.AwaitLease(), ErrRefused)
+	require.ErrorIs(t, m.AwaitLease(), ErrRefused, "every call")
+	waited := pidfd
+	waited.DeferLease = false
+	_, err = im.Open(context.Background(), desc, 0, waited)
+	require.ErrorIs(t, err, ErrRefused, "an Open that waits shares the refused mapping's answer")
+	require.NoError(t, m.Close())
+	require.Zero(t, imp.Usage().Handles)
+	require.NoError(t, s.Close())
+	require.NoError(t, e.Close())
+
+	e = newExporter(t, ExporterOptions{})
+	im, err = NewImporterWith(imp, ImporterOptions{KeepFor: time.Hour})
+	require.NoError(t, err)
+	for round := range 2 {
+		s, err = e.ShareBlock(exp, a, ptr)
+		require.NoError(t, err)
+		desc, err = s.MarshalBinary()
+		require.NoError(t, err)
+		m, err = im.Open(context.Background(), desc, 0, pidfd)
+		require.NoError(t, err)
+		require.Equal(t, round == 1, m.Reused())
+		require.NoError(t, m.AwaitLease())
+		require.True(t, m.Leased())
+		require.Equal(t, 1, s.Leases())
+		require.NoError(t, readPattern(imp, m.Ptr(), m.Len(), seedParent))
+		require.NoError(t, m.Close())
+		require.NoError(t, s.Close())
+		require.Eventually(t, func() bool { return s.Leases() == 0 }, 5*time.Second, time.Millisecond)
+	}
+	require.NoError(t, im.DropKept())
+	require.NoError(t, e.Close())
+	require.NoError(t, a.Free(ptr))
+	require.NoError(t, a.EmptyCache())
+	require.Empty(t, base.Leaks(imp))
 }

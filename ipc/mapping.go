@@ -75,7 +75,12 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 // answered while they were mapped, so that nobody reads the pages before
 // it is held. On failure it undoes everything.
 func (m *mapped) finish(err error, t1 time.Time) error {
+	if err == nil && m.deferLease {
+		m.stages.Lease = time.Since(t1)
+		return nil // AwaitLease reads the answer
+	}
 	if err == nil {
+		m.leaseDone = true
 		err = m.recv.awaitLease()
 		m.leased = m.recv.Leased()
 		m.stages.Lease = time.Since(t1)

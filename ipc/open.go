@@ -2,6 +2,7 @@ package ipc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -18,6 +19,12 @@ type OpenOptions struct {
 	// Access is what the device gets on the mapping (default
 	// vmm.AccessReadWrite).
 	Access vmm.Access
+	// DeferLease returns the Mapping with the exporter's answer to the
+	// lease request not yet read: the caller may prepare what it needs
+	// (a tensor over Ptr) meanwhile, and must call Mapping.AwaitLease,
+	// and see it succeed, before any byte is read or written. Otherwise
+	// Open waits for the lease itself.
+	DeferLease bool
 }
 
 // A Mapping is one Open of a shared block: the block's bytes at an address
@@ -131,6 +138,35 @@ type mapped struct {
 	keepFDs []*handles.FD
 	reused  bool
 	timer   *time.Timer
+	// deferLease: open left the lease's answer unread (OpenOptions.
+	// DeferLease); leaseMu guards leaseDone and leaseErr, the outcome of
+	// reading it (AwaitLease).
+	deferLease bool
+	leaseMu    sync.Mutex
+	leaseDone  bool
+	leaseErr   error
+}
+
+// AwaitLease waits for the exporter's answer to the lease request of an
+// Open made with OpenOptions.DeferLease; nil at once for any other, and
+// for every call after the first success. An error (the exporter refused:
+// the share closed before the request reached it) means the pages are not
+// protected: read nothing, and Close the Mapping. Safe for concurrent use.
+func (m *Mapping) AwaitLease() error {
+	mp := m.m
+	mp.leaseMu.Lock()
+	defer mp.leaseMu.Unlock()
+	if !mp.leaseDone {
+		t0 := time.Now()
+		mp.leaseErr = mp.recv.awaitLease()
+		mp.leased = mp.recv.Leased()
+		mp.stages.Lease += time.Since(t0)
+		mp.leaseDone = true
+		if mp.leaseErr != nil {
+			mp.leaseErr = fmt.Errorf("taking the lease on pid %d's share: %w", mp.desc.ExporterPID, mp.leaseErr)
+		}
+	}
+	return mp.leaseErr
 }
 
 // mapKey names a mapping in its Importer: the descriptor's exporter and
@@ -223,9 +259,15 @@ func (im *Importer) Open(ctx context.Context, desc []byte, dev vmm.Device, opts 
 		if old.err != nil {
 			return nil, old.err
 		}
-		return &Mapping{m: old}, nil
+		mp := &Mapping{m: old}
+		if !opts.DeferLease {
+			if err := mp.AwaitLease(); err != nil {
+				return nil, errors.Join(err, mp.Close())
+			}
+		}
+		return mp, nil
 	}
-	m := &mapped{im: im, key: key, drv: im.drv, desc: d, ready: make(chan struct{}), refs: 1}
+	m := &mapped{im: im, key: key, drv: im.drv, desc: d, ready: make(chan struct{}), refs: 1, deferLease: opts.DeferLease}
 	im.maps[key] = m
 	im.mu.Unlock()
 	m.err = m.open(ctx, dev, opts)

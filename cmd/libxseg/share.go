@@ -111,7 +111,9 @@ func (s *sharing) unshare(desc []byte) error {
 }
 
 // open maps the block desc names for device and returns a handle number.
-func (s *sharing) open(desc []byte, device int) (int64, *ipc.Mapping, error) {
+// With deferLease the lease's answer is left for awaitLease (see
+// ipc.OpenOptions.DeferLease).
+func (s *sharing) open(desc []byte, device int, deferLease bool) (int64, *ipc.Mapping, error) {
 	if _, err := lib.allocator(device); err != nil { // starts the driver
 		return 0, nil, err
 	}
@@ -119,7 +121,7 @@ func (s *sharing) open(desc []byte, device int) (int64, *ipc.Mapping, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	m, err := imp.Open(context.Background(), desc, vmm.Device(device), ipc.OpenOptions{})
+	m, err := imp.Open(context.Background(), desc, vmm.Device(device), ipc.OpenOptions{DeferLease: deferLease})
 	if err != nil {
 		return 0, nil, err
 	}
@@ -171,6 +173,18 @@ func (s *sharing) dropKept() error {
 		return nil
 	}
 	return imp.DropKept()
+}
+
+// awaitLease waits for the lease of the mapping of handle h (an open
+// with deferLease; nil at once for others).
+func (s *sharing) awaitLease(h int64) error {
+	s.mu.Lock()
+	m := s.mu.mappings[h]
+	s.mu.Unlock()
+	if m == nil {
+		return fmt.Errorf("no mapping has handle %d: %w", h, vmm.ErrInvalid)
+	}
+	return m.AwaitLease()
 }
 
 // close closes the mapping of handle h.
@@ -238,21 +252,25 @@ func xsegGoUnshare(desc unsafe.Pointer, length C.size_t) (rc C.int) {
 	return status("xseg_unshare", shared.unshare(cBytes(desc, length)))
 }
 
-// xsegGoOpen is xseg_open; ptr and size are NULL where the caller's are
-// (shim.c passes its own locals otherwise, and copies them out only for a
-// handle).
+// xsegGoOpen is xseg_open (wait 1) and xseg_open_nowait (wait 0); ptr and
+// size are NULL where the caller's are (shim.c passes its own locals
+// otherwise, and copies them out only for a handle).
 //
 //export xsegGoOpen
-func xsegGoOpen(desc unsafe.Pointer, length C.size_t, device C.int, ptr *C.uintptr_t, size *C.size_t) (h C.int64_t) {
+func xsegGoOpen(desc unsafe.Pointer, length C.size_t, device C.int, ptr *C.uintptr_t, size *C.size_t, wait C.int) (h C.int64_t) {
 	h = -1
-	defer catch("xseg_open")
+	name := "xseg_open"
+	if wait == 0 {
+		name = "xseg_open_nowait"
+	}
+	defer catch(name)
 	if err := checkOpenArgs(desc, uint64(length), ptr != nil, size != nil); err != nil {
-		fail("xseg_open", err)
+		fail(name, err)
 		return -1
 	}
-	id, m, err := shared.open(cBytes(desc, length), int(device))
+	id, m, err := shared.open(cBytes(desc, length), int(device), wait == 0)
 	if err != nil {
-		fail("xseg_open", fmt.Errorf("on device %d: %w", int(device), err))
+		fail(name, fmt.Errorf("on device %d: %w", int(device), err))
 		return -1
 	}
 	// Runs before catch, also on a panic: a mapping whose handle is not
@@ -260,12 +278,19 @@ func xsegGoOpen(desc unsafe.Pointer, length C.size_t, device C.int, ptr *C.uintp
 	defer func() {
 		if h < 0 {
 			if err := shared.close(id); err != nil {
-				fail("xseg_open", fmt.Errorf("closing the mapping of a failed call: %w", err))
+				fail(name, fmt.Errorf("closing the mapping of a failed call: %w", err))
 			}
 		}
 	}()
 	*ptr, *size = C.uintptr_t(m.Ptr()), C.size_t(m.Len())
 	return C.int64_t(id)
+}
+
+//export xsegGoOpenWait
+func xsegGoOpenWait(h C.int64_t) (rc C.int) {
+	rc = -1
+	defer catch("xseg_open_wait")
+	return status("xseg_open_wait", shared.awaitLease(int64(h)))
 }
 
 //export xsegGoClose

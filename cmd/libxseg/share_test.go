@@ -40,9 +40,9 @@ func TestCheckOpenArgs(t *testing.T) {
 
 func TestOpenExportOpensNothingOnBadArgs(t *testing.T) {
 	desc := []byte("not a descriptor")
-	require.EqualValues(t, -1, xsegGoOpen(unsafe.Pointer(&desc[0]), 16, 0, nil, nil))
+	require.EqualValues(t, -1, xsegGoOpen(unsafe.Pointer(&desc[0]), 16, 0, nil, nil, 1))
 	require.Equal(t, "xseg_open: ptr is NULL (it receives the mapping's address): invalid argument", lastErr.text())
-	require.EqualValues(t, -1, xsegGoOpen(nil, 16, 0, nil, nil))
+	require.EqualValues(t, -1, xsegGoOpen(nil, 16, 0, nil, nil, 0))
 	require.Contains(t, lastErr.text(), "desc is NULL")
 	lib.mu.Lock()
 	started := lib.mu.started

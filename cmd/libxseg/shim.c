@@ -79,19 +79,29 @@ ssize_t xseg_share_for(void* ptr, int device, int importers, void* out, size_t c
 
 int xseg_unshare(const void* desc, size_t len) { return xsegGoUnshare((void*)desc, len); }
 
-int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size) {
+static int64_t open_block(const void* desc, size_t len, int device, void** ptr, size_t* size, int wait) {
 	// Go checks every argument, NULL out-parameters included, before it
 	// opens anything, and writes only to these locals; the caller's are
 	// written once there is a handle.
 	uintptr_t p = 0;
 	size_t n = 0;
-	int64_t h = xsegGoOpen((void*)desc, len, device, ptr ? &p : NULL, size ? &n : NULL);
+	int64_t h = xsegGoOpen((void*)desc, len, device, ptr ? &p : NULL, size ? &n : NULL, wait);
 	if (h > 0) {
 		*ptr = (void*)p;
 		*size = n;
 	}
 	return h;
 }
+
+int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size) {
+	return open_block(desc, len, device, ptr, size, 1);
+}
+
+int64_t xseg_open_nowait(const void* desc, size_t len, int device, void** ptr, size_t* size) {
+	return open_block(desc, len, device, ptr, size, 0);
+}
+
+int xseg_open_wait(int64_t handle) { return xsegGoOpenWait(handle); }
 
 int xseg_close(int64_t handle) { return xsegGoClose(handle); }
 

@@ -163,6 +163,16 @@ int xseg_unshare(const void* desc, size_t len);
 int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size);
 int xseg_close(int64_t handle);
 
+/* xseg_open_nowait is xseg_open that returns before the exporter has
+ * answered the lease request, so that the caller can build what it needs
+ * over *ptr meanwhile; it must call xseg_open_wait(handle), and see it
+ * return 0, before it reads or writes a byte there. -1 from xseg_open_wait
+ * (the exporter refused: the share ended first) leaves the pages
+ * unprotected: read nothing, xseg_close the handle. xseg_open_wait of a
+ * handle from xseg_open, or a second time, returns at once. */
+int64_t xseg_open_nowait(const void* desc, size_t len, int device, void** ptr, size_t* size);
+int xseg_open_wait(int64_t handle);
+
 /* Private pools from C. xseg_pool_route reports whether an allocation on
  * stream of device belongs to an active pool (1, with its id in *first and
  * *second), not (0), or a filter failed (-1); xseg_malloc routes with it.

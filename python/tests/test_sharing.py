@@ -242,3 +242,31 @@ def test_open_logs_its_stages_at_debug(spawn_py, run_py):
     exp.send("exit")
     rc, err = exp.finish()
     assert rc == 0, err
+
+
+def test_open_without_waiting_for_the_lease(spawn_py, run_py):
+    """open_block(wait=False) returns the mapping at once; wait() takes the
+    lease (the share for one importer then ends), after which the bytes
+    are read; wait() again returns at once, and on a closed mapping it
+    raises."""
+    exp, desc = _start_exporter(spawn_py, importers=1)
+    got = last_json(run_py("""
+        import ctypes
+        m = xseg.open_block(bytes.fromhex(sys.argv[1]), wait=False)
+        m.wait()
+        m.wait()
+        seen = ctypes.string_at(m.ptr, 16).hex()
+        m.close()
+        try:
+            m.wait()
+            closed = "no error"
+        except xseg.XsegError as e:
+            closed = str(e)
+        print(json.dumps({"seen": seen, "closed": closed}))
+    """, args=[desc]))
+    assert got["seen"] == A5, got
+    assert "closed mapping" in got["closed"], got
+    again = last_json(run_py(IMPORTER, args=[desc]))
+    assert "error" in again, f"the lease taken by wait() did not end the share: {again}"
+    exp.send("exit")
+    assert exp.finish()[0] == 0

@@ -84,6 +84,8 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "xseg_share_for": (_SSZ, [_VP, _INT, _INT, _VP, _SZ]),
     "xseg_unshare": (_INT, [_c.c_char_p, _SZ]),
     "xseg_open": (_c.c_int64, [_c.c_char_p, _SZ, _INT, _c.POINTER(_VP), _c.POINTER(_SZ)]),
+    "xseg_open_nowait": (_c.c_int64, [_c.c_char_p, _SZ, _INT, _c.POINTER(_VP), _c.POINTER(_SZ)]),
+    "xseg_open_wait": (_INT, [_c.c_int64]),
     "xseg_close": (_INT, [_c.c_int64]),
     "xseg_pool_json": (_VP, [_INT, _ULL, _ULL, _INT]),
     "xseg_pool_restore": (_VP, [_INT, _c.c_char_p, _SZ]),
@@ -361,6 +363,14 @@ class Mapping:
         if h > 0 and _lib is not None:
             check(_lib.xseg_close(h), "close")
 
+    def wait(self) -> None:
+        """Wait for the exporter to grant the lease of an open_block(...,
+        wait=False); at once for any other. Raises XsegError if it refused
+        (the share ended first): read nothing then, and close()."""
+        if self.handle <= 0:
+            raise XsegError("xseg: wait on a closed mapping")
+        check(load().xseg_open_wait(self.handle), "open_wait")
+
     def __enter__(self) -> "Mapping":
         return self
 
@@ -373,12 +383,16 @@ class Mapping:
             self.handle = -1
 
 
-def open_block(desc: bytes, device: int = 0) -> Mapping:
+def open_block(desc: bytes, device: int = 0, wait: bool = True) -> Mapping:
     """Map the block that desc (from share_block in any process) names, for
-    device. It stays valid after the exporter exits."""
+    device. It stays valid after the exporter exits. wait=False returns
+    before the exporter has granted the lease: call the Mapping's wait()
+    before reading or writing its bytes."""
     d = desc if type(desc) is bytes else bytes(desc)
     ptr, size = ctypes.c_void_p(), ctypes.c_size_t()
-    h = load().xseg_open(d, len(d), int(device), ctypes.byref(ptr), ctypes.byref(size))
+    lib = load()
+    fn = lib.xseg_open if wait else lib.xseg_open_nowait
+    h = fn(d, len(d), int(device), ctypes.byref(ptr), ctypes.byref(size))
     if h < 0:
         raise XsegError(f"xseg: open failed: {last_error()}")
     return Mapping(h, ptr.value or 0, size.value)

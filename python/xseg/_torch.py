@@ -420,14 +420,24 @@ def _open_bytes(desc: bytes, dev: int) -> Any:
     torch = _torch()
     if not torch.cuda.is_initialized():
         torch.cuda.init()
-    m = _lib.open_block(desc, dev)
+    # The tensor is built while the exporter answers the lease request;
+    # nobody reads it before wait() has seen the lease granted.
+    m = _lib.open_block(desc, dev, wait=False)
     where = _cuda_devices.get(dev)
     if where is None:
         where = _cuda_devices[dev] = torch.device("cuda", dev)
     if torch.cuda.current_device() == dev:  # the usual case: no device switch
-        return torch.as_tensor(_Opened(m), device=where)
-    with torch.cuda.device(dev):
-        return torch.as_tensor(_Opened(m), device=where)
+        t = torch.as_tensor(_Opened(m), device=where)
+    else:
+        with torch.cuda.device(dev):
+            t = torch.as_tensor(_Opened(m), device=where)
+    try:
+        m.wait()
+    except BaseException:
+        t = None  # nobody gets the unprotected bytes
+        m.close()
+        raise
+    return t
 
 
 def open_tensor(desc: bytes, shape: Any, dtype: Any, device: Any = None) -> Any:

@@ -25,6 +25,8 @@ SYM(xseg_share)
 SYM(xseg_unshare)
 SYM(xseg_open)
 SYM(xseg_close)
+SYM(xseg_open_nowait)
+SYM(xseg_open_wait)
 
 
 static void load(const char* path) {
@@ -34,6 +36,7 @@ static void load(const char* path) {
 	LOAD(h, xseg_empty_cache) LOAD(h, xseg_reset_peak_stats) LOAD(h, xseg_configure)
 	LOAD(h, xseg_set_log_level) LOAD(h, xseg_version)
 	LOAD(h, xseg_share) LOAD(h, xseg_unshare) LOAD(h, xseg_open) LOAD(h, xseg_close)
+	LOAD(h, xseg_open_nowait) LOAD(h, xseg_open_wait)
 }
 
 
@@ -204,6 +207,21 @@ static void sharing(void) {
 	if (h > 0) CHECK(((unsigned char*)q)[n - 1] == 0x5a, "the mapping shows the block's bytes");
 	CHECK(h <= 0 || p_xseg_close(h) == 0, "close");
 	CHECK(p_xseg_close(h) == -1, "a second close");
+
+	// The lease's answer read later: the mapping (kept from the close
+	// above, or new) is there at once, readable after xseg_open_wait.
+	q = (void*)0x1;
+	CHECK(p_xseg_open_nowait(NULL, (size_t)len, 0, &q, &size) == -1 && error_has("xseg_open_nowait: desc is NULL"), "open_nowait: NULL desc");
+	h = p_xseg_open_nowait(desc, (size_t)len, 0, &q, &size);
+	CHECK(h > 0 && size == n && q != (void*)0x1, "open_nowait: handle %lld", (long long)h);
+	CHECK(h <= 0 || p_xseg_open_wait(h) == 0, "open_wait");
+	CHECK(h <= 0 || p_xseg_open_wait(h) == 0, "a second open_wait");
+	if (h > 0) CHECK(((unsigned char*)q)[0] == 0x5a, "the mapping shows the block's bytes after open_wait");
+	CHECK(h <= 0 || p_xseg_close(h) == 0, "close after open_wait");
+	CHECK(p_xseg_open_wait(h) == -1 && error_has("no mapping has handle"), "open_wait of a closed handle");
+	int64_t h2 = p_xseg_open(desc, (size_t)len, 0, &q, &size);
+	CHECK(h2 > 0 && p_xseg_open_wait(h2) == 0, "open_wait of an xseg_open handle");
+	CHECK(h2 <= 0 || p_xseg_close(h2) == 0, "close");
 	CHECK(p_xseg_unshare(desc, (size_t)len) == 0, "unshare");
 	p_xseg_free(p, (ssize_t)n, 0, NULL);
 	// The exporter hears of the closed lease over its socket, a moment
