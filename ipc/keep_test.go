@@ -3,8 +3,12 @@
 package ipc
 
 import (
+	"bufio"
 	"context"
+	"encoding/hex"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -314,4 +318,39 @@ func TestKeepFaultMatrix(t *testing.T) {
 	n := vmmtest.RunMatrix(t, func() (vmm.Driver, error) { return host.Open(host.Options{}) }, scenarios)
 	require.Greater(t, n, 5)
 	t.Logf("keep fault matrix: %d cases", n)
+}
+
+// TestKeptMappingOutlivesExporter: a mapping kept from another process's
+// share stays held after that process exits; an Open of its descriptor
+// then fails (nobody serves it) without touching the kept mapping, and
+// DropKept gives it back (the driver's leak check at cleanup).
+func TestKeptMappingOutlivesExporter(t *testing.T) {
+	requirePidfd(t)
+	requireNoFDLeak(t)
+	d := backendDriver(t, "host")
+	const size = 9<<20 + 4096
+	c := newChild(t, "export-alloc", nil, envSize+"="+strconv.Itoa(size), envBackend+"=host")
+	stdin, err := c.cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := c.cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, c.cmd.Start())
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err, "child: %s", c.errOut.String())
+	desc, err := hex.DecodeString(strings.TrimSpace(strings.TrimPrefix(line, "desc=")))
+	require.NoError(t, err)
+	im, err := NewImporterWith(d, ImporterOptions{KeepFor: time.Hour})
+	require.NoError(t, err)
+	m, err := im.Open(context.Background(), desc, 0, OpenOptions{})
+	require.NoError(t, err)
+	require.NoError(t, readPattern(d, m.Ptr(), size, seedParent))
+	require.NoError(t, m.Close())
+	require.Equal(t, 1, im.Kept())
+	require.NoError(t, stdin.Close())
+	require.NoError(t, c.cmd.Wait(), c.errOut.String())
+	_, err = im.Open(context.Background(), desc, 0, OpenOptions{})
+	require.Error(t, err, "the exporter is gone")
+	require.Equal(t, 1, im.Kept())
+	require.NoError(t, im.DropKept())
+	require.Zero(t, im.Kept())
 }

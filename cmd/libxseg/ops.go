@@ -87,11 +87,15 @@ func (l *library) each(dev int, fn func(*xseg.DeviceAllocator) error) error {
 	return errors.Join(errs...)
 }
 
+// dropKeptImports drops the mappings of other processes' blocks that the
+// library's importer keeps; share.go (cgo: the C API) sets it.
+var dropKeptImports = func() error { return nil }
+
 // emptyCache gives every whole free page of dev (-1: every device) back to
 // the driver, after the mappings of other processes' blocks the importer
 // keeps (every device's: they may hold memory their exporter released).
 func (l *library) emptyCache(dev int) error {
-	err := shared.dropKept()
+	err := dropKeptImports()
 	return errors.Join(err, l.each(dev, func(a *xseg.DeviceAllocator) error { return a.EmptyCache() }))
 }
 

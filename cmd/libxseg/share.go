@@ -40,6 +40,8 @@ type sharing struct {
 
 var shared sharing
 
+func init() { dropKeptImports = shared.dropKept }
+
 // share shares the live block at ptr of device's allocator and returns its
 // descriptor. The allocator must be shareable (shareable:true in
 // XSEG_CONF or xseg_configure).
