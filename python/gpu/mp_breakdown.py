@@ -133,6 +133,9 @@ def produce(mode):
     med = {k: round(statistics.median(r[k] for r in rows), 3) for k in keys}
     print("RESULT " + json.dumps({"mode": mode, "conf": os.environ.get("XSEG_CONF", ""), "median_ms": med,
                                   "all_ok": all(r["ok"] for r in rows), "exit": p.exitcode}))
+    if os.environ.get("MP_ROWS"):  # every round's row, for the spread
+        for r in rows:
+            print("ROW " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}))
 
 
 def open_stages(stderr):
@@ -160,6 +163,13 @@ def main():
     for m in modes:
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", m], capture_output=True, text=True)
         lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+        for l in out.stdout.splitlines():
+            if l.startswith("ROW "):
+                print(m, l)
+        if os.environ.get("MP_ROWS"):
+            for l in out.stderr.splitlines():
+                if "opened a shared block" in l:
+                    print(m, "OPEN", " ".join(re.findall(r"(?:reused|fetch_us|lease_us|map_us)=\S+", l)))
         if not lines:
             print(f"{m} failed ({out.returncode}): {out.stderr[-3000:]}")
             continue
