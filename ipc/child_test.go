@@ -258,3 +258,21 @@ func requireChildFDs(t *testing.T, rep map[string]string) {
 	require.True(t, ok, "child report %v", rep)
 	require.Equal(t, before, after, "child leaked fds")
 }
+
+// startExporterChild starts a child in role (with env), reads the
+// descriptor it prints ("desc=<hex>") and returns it with the child and
+// its stdin, whose close tells the child to exit.
+func startExporterChild(t *testing.T, role string, env ...string) (*child, io.WriteCloser, []byte) {
+	t.Helper()
+	c := newChild(t, role, nil, env...)
+	stdin, err := c.cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := c.cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, c.cmd.Start())
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err, "child: %s", c.errOut.String())
+	desc, err := hex.DecodeString(strings.TrimSpace(strings.TrimPrefix(line, "desc=")))
+	require.NoError(t, err)
+	return c, stdin, desc
+}

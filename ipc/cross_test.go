@@ -3,12 +3,9 @@
 package ipc
 
 import (
-	"bufio"
 	"context"
-	"encoding/hex"
 	"errors"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -149,16 +146,7 @@ func TestRefusedPeerAndServerKeepsServing(t *testing.T) {
 func TestExporterExitsBeforeImporter(t *testing.T) {
 	requirePidfd(t)
 	requireNoFDLeak(t)
-	c := newChild(t, "export", nil)
-	stdin, err := c.cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := c.cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, c.cmd.Start())
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	require.NoError(t, err, "child: %s", c.errOut.String())
-	raw, err := hex.DecodeString(strings.TrimSpace(strings.TrimPrefix(line, "desc=")))
-	require.NoError(t, err)
+	c, stdin, raw := startExporterChild(t, "export")
 	d, err := handles.ParseDescriptor(raw)
 	require.NoError(t, err)
 	require.Equal(t, c.cmd.Process.Pid, d.ExporterPID)

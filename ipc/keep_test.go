@@ -3,12 +3,9 @@
 package ipc
 
 import (
-	"bufio"
 	"context"
-	"encoding/hex"
 	"errors"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -329,16 +326,7 @@ func TestKeptMappingOutlivesExporter(t *testing.T) {
 	requireNoFDLeak(t)
 	d := backendDriver(t, "host")
 	const size = 9<<20 + 4096
-	c := newChild(t, "export-alloc", nil, envSize+"="+strconv.Itoa(size), envBackend+"=host")
-	stdin, err := c.cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := c.cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, c.cmd.Start())
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	require.NoError(t, err, "child: %s", c.errOut.String())
-	desc, err := hex.DecodeString(strings.TrimSpace(strings.TrimPrefix(line, "desc=")))
-	require.NoError(t, err)
+	c, stdin, desc := startExporterChild(t, "export-alloc", envSize+"="+strconv.Itoa(size), envBackend+"=host")
 	im, err := NewImporterWith(d, ImporterOptions{KeepFor: time.Hour})
 	require.NoError(t, err)
 	m, err := im.Open(context.Background(), desc, 0, OpenOptions{})
