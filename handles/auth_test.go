@@ -62,14 +62,16 @@ func TestCheckAuth(t *testing.T) {
 	pages := authPages(t, 3)
 	tok, err := NewToken()
 	require.NoError(t, err)
-	auth, err := NewAuth(tok, pages)
+	auth, err := NewAuth(tok, pages, nil)
 	require.NoError(t, err)
 	defer auth.Close()
 	d := validAuthed()
 	d.ExporterPID, d.Token, d.AuthFD = unix.Getpid(), tok, auth.Int()
 	d.PageFDs = []int{pages[0].Int(), pages[1].Int(), pages[2].Int()}
-	ids, err := d.CheckAuth(auth.Int())
+	a, err := d.CheckAuth(auth.Int())
 	require.NoError(t, err)
+	require.Nil(t, a.Claim)
+	ids := a.Pages
 	for i, p := range pages {
 		id, err := FileIDOf(p.Int())
 		require.NoError(t, err)

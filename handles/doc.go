@@ -46,7 +46,8 @@
 //
 // The package builds everywhere, but descriptors, memfds and their seals
 // are Linux calls: elsewhere [FD.Close], [FD.Dup], [NewAuth],
-// [Descriptor.CheckAuth] and [FileIDOf] fail with vmm.ErrNotSupported.
+// [Descriptor.CheckAuth], [NewClaim], [ClaimFor] and [FileIDOf] fail with
+// vmm.ErrNotSupported.
 // Descriptors and fabric handles are plain bytes and work everywhere.
 //
 // # Concurrency

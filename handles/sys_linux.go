@@ -21,6 +21,62 @@ func dupRaw(raw int) (int, error) { return unix.FcntlInt(uintptr(raw), unix.F_DU
 // authSeals forbid any change: content, size, and the seals.
 const authSeals = unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 
+// claimSeals are the seals of a claim memfd from its making (its size),
+// and claimedSeals those its first claimant adds (its content, and no
+// more seals).
+const (
+	claimSeals   = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW
+	claimedSeals = unix.F_SEAL_WRITE | unix.F_SEAL_SEAL
+)
+
+// NewClaim makes an unclaimed claim memfd (see claim.go).
+func NewClaim() (*FD, error) {
+	raw, err := unix.MemfdCreate("xseg-share-claim", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("creating the share's claim memfd: %w", err)
+	}
+	fd, err := NewFD(raw)
+	if err != nil {
+		return nil, err
+	}
+	if err = unix.Ftruncate(raw, claimSize); err == nil {
+		_, err = unix.FcntlInt(uintptr(raw), unix.F_ADD_SEALS, claimSeals)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sizing the share's claim memfd: %w (closing it: %v)", err, fd.Close())
+	}
+	return fd, nil
+}
+
+// claimFile writes b (a claimant) into the claim memfd raw unless it is
+// sealed already, seals it, and reads back who it names.
+func claimFile(raw int, b []byte) (Claimant, error) {
+	seals, err := unix.FcntlInt(uintptr(raw), unix.F_GET_SEALS, 0)
+	if err != nil || seals&claimSeals != claimSeals {
+		return Claimant{}, fmt.Errorf("fd %d is not a claim memfd (seals %#x, %v): %w", raw, seals, err, vmm.ErrInvalid)
+	}
+	// Either may fail with EPERM: another claimant sealed first.
+	if n, err := unix.Pwrite(raw, b, 0); err != nil && err != unix.EPERM {
+		return Claimant{}, fmt.Errorf("writing the claim: %w", err)
+	} else if err == nil && n != len(b) {
+		return Claimant{}, fmt.Errorf("writing the claim: %d of %d bytes: %w", n, len(b), vmm.ErrInvalid)
+	}
+	if _, err := unix.FcntlInt(uintptr(raw), unix.F_ADD_SEALS, claimedSeals); err != nil && err != unix.EPERM {
+		return Claimant{}, fmt.Errorf("sealing the claim: %w", err)
+	}
+	if seals, err = unix.FcntlInt(uintptr(raw), unix.F_GET_SEALS, 0); err != nil || seals&claimedSeals != claimedSeals {
+		// Sealed against more seals but not against writes: not a
+		// claim any claimant made.
+		return Claimant{}, fmt.Errorf("the claim memfd is not sealed against writes (seals %#x, %v): %w", seals, err, vmm.ErrInvalid)
+	}
+	got := make([]byte, claimSize+1)
+	n, err := unix.Pread(raw, got, 0)
+	if err != nil || n != claimSize {
+		return Claimant{}, fmt.Errorf("reading the claim: %d bytes, %v: %w", n, err, vmm.ErrInvalid)
+	}
+	return parseClaimant(got[:claimSize])
+}
+
 // FileIDOf returns the identity of the file fd names.
 func FileIDOf(fd int) (FileID, error) {
 	var st unix.Stat_t
@@ -70,10 +126,11 @@ func (d *Descriptor) readAuth(fd int) ([]byte, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("fstat of the authentication memfd: %w", err)
 	}
-	want := authHeader + authEntry*len(d.PageFDs)
-	if st.Size != int64(want) {
-		return nil, authErr("fd %d holds %d bytes, an authentication of %d pages holds %d", d.AuthFD, st.Size, len(d.PageFDs), want)
+	plain, claimed := authSizes(len(d.PageFDs))
+	if st.Size != int64(plain) && st.Size != int64(claimed) {
+		return nil, authErr("fd %d holds %d bytes, an authentication of %d pages holds %d or %d", d.AuthFD, st.Size, len(d.PageFDs), plain, claimed)
 	}
+	want := int(st.Size)
 	b := make([]byte, want)
 	if n, err := unix.Pread(fd, b, 0); err != nil || n != want {
 		return nil, fmt.Errorf("reading the authentication memfd: %d of %d bytes: %v: %w", n, want, err, vmm.ErrInvalid)

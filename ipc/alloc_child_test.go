@@ -141,7 +141,7 @@ func childOpen() error {
 	if os.Getenv(envWarmOpen) == "" {
 		fmt.Printf("t1=%d\n", time.Now().UnixNano())
 	}
-	fmt.Printf("via=%s\nleased=%t\nuid=%d\n", m.Via(), m.Leased(), os.Getuid())
+	fmt.Printf("via=%s\nleased=%t\nclaimed=%t\nuid=%d\n", m.Via(), m.Leased(), m.Claimed(), os.Getuid())
 	if err := readPattern(d, m.Ptr(), m.Len(), seedParent); err != nil {
 		return errors.Join(err, m.Close())
 	}

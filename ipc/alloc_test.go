@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"strconv"
@@ -178,6 +179,9 @@ type shareCase struct {
 	uid     *uint32
 	env     []string
 	via     string // the transport the child must report
+	// once shares with ShareBlockOnce: a pidfd importer of an exporter
+	// with a socket must report the share claimed.
+	once bool
 }
 
 // runShare allocates a block from a shareable allocator, fills it, shares
@@ -198,7 +202,11 @@ func runShare(t *testing.T, c shareCase) time.Duration {
 	p.until(t, "ready")
 
 	t0 := time.Now()
-	s, err := e.ShareBlock(d, a, ptr)
+	share := e.ShareBlock
+	if c.once {
+		share = e.ShareBlockOnce
+	}
+	s, err := share(d, a, ptr)
 	require.NoError(t, err)
 	desc, err := s.MarshalBinary()
 	require.NoError(t, err)
@@ -211,6 +219,7 @@ func runShare(t *testing.T, c shareCase) time.Duration {
 
 	leased := p.rep["leased"] == "true"
 	require.Equal(t, !c.opts.NoSocket, leased, "an importer holds a lease whenever the exporter serves a socket")
+	require.Equal(t, fmt.Sprint(c.once && c.via == "pidfd" && !c.opts.NoSocket), p.rep["claimed"])
 	requireFreedNotReused(t, a, d, s, ptr, c.size, leased)
 
 	p.send(t, "close")
@@ -262,6 +271,22 @@ func TestAllocSharePidfd(t *testing.T) {
 	requirePidfd(t)
 	runShare(t, shareCase{backend: "host", size: share64, via: "pidfd",
 		env: []string{envTransports + "=pidfd"}})
+}
+
+// TestAllocShareOnce: a share for one importer, fetched by pidfd (the
+// importer claims it and waits for no answer), by pidfd from an exporter
+// without a socket (nothing to claim with), and by socket (the exporter
+// claims it for the importer).
+func TestAllocShareOnce(t *testing.T) {
+	requirePidfd(t)
+	for _, c := range []shareCase{
+		{via: "pidfd", env: []string{envTransports + "=pidfd"}},
+		{via: "pidfd", opts: ExporterOptions{NoSocket: true}},
+		{via: "socket", env: []string{envTransports + "=socket"}},
+	} {
+		c.backend, c.size, c.once = "host", share64, true
+		t.Run(fmt.Sprintf("%s-nosocket=%t", c.via, c.opts.NoSocket), func(t *testing.T) { runShare(t, c) })
+	}
 }
 
 func TestAllocSharePidfdNoSocket(t *testing.T) {
@@ -318,12 +343,13 @@ func TestCUDAShareAcrossProcesses(t *testing.T) {
 		require.NoError(t, err)
 		size = n
 	}
-	for _, tr := range []string{"pidfd", "socket"} {
+	for _, tr := range []string{"pidfd", "socket", "pidfd-once"} {
 		t.Run(tr, func(t *testing.T) {
-			if tr == "pidfd" {
+			via, once := strings.CutSuffix(tr, "-once")
+			if via == "pidfd" {
 				requirePidfd(t)
 			}
-			dt := runShare(t, shareCase{backend: "cuda", size: size, via: tr, env: []string{envTransports + "=" + tr}})
+			dt := runShare(t, shareCase{backend: "cuda", size: size, via: via, env: []string{envTransports + "=" + via}, once: once})
 			t.Logf("cuda %s: %d MiB shared, share to first read in the importer: %v", tr, size>>20, dt)
 		})
 	}

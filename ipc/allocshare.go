@@ -13,7 +13,7 @@ import (
 // IPC (vmm.ErrNotSupported: the host backend) is asked for the fd of a
 // memory file holding the allocation, whose size is the page size. It
 // unpins on failure.
-func (e *Exporter) shareAlloc(drv vmm.Driver, pin Pin, ext Extent) (*Share, error) {
+func (e *Exporter) shareAlloc(drv vmm.Driver, pin Pin, ext Extent, once bool) (*Share, error) {
 	var h vmm.IPCMemHandle
 	ai, ipcErr := vmm.AllocIPCOf(drv)
 	if ipcErr == nil {
@@ -41,7 +41,7 @@ func (e *Exporter) shareAlloc(drv vmm.Driver, pin Pin, ext Extent) (*Share, erro
 		return nil, errors.Join(err, unpin(pin))
 	}
 	ext.PageSize = size
-	return e.ShareFDs([]*handles.FD{fd}, ext, pin.Unpin)
+	return e.shareFDs([]*handles.FD{fd}, ext, pin.Unpin, once)
 }
 
 // ShareCUDAIPC shares one plain allocation named by its CUDA legacy IPC

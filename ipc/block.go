@@ -32,6 +32,30 @@ type BlockSource interface {
 // holds it (the host backend); see shareAlloc. The share unpins the block
 // when it closes and every lease has ended.
 func (e *Exporter) ShareBlock(drv vmm.Driver, src BlockSource, ptr vmm.DevicePtr) (*Share, error) {
+	return e.shareBlock(drv, src, ptr, false)
+}
+
+// ShareBlockOnce is ShareBlock for exactly one importer, as one
+// torch.multiprocessing message is: the share closes once its importer
+// holds its lease (CloseAfter(1)). A share of posix fds from an exporter
+// with a socket is also claimable (handles.ClaimFor): the importer that
+// fetches its pages by pidfd claims it and reads at once, with no wait for
+// the exporter's answer, since the exporter serves that importer alone
+// and keeps the pages for it until its request is served, or it exits,
+// even past the share's Close. A second importer of the same descriptor
+// is refused (ErrNotOffered).
+func (e *Exporter) ShareBlockOnce(drv vmm.Driver, src BlockSource, ptr vmm.DevicePtr) (*Share, error) {
+	s, err := e.shareBlock(drv, src, ptr, true)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.CloseAfter(1, nil); err != nil {
+		return nil, errors.Join(err, s.Close())
+	}
+	return s, nil
+}
+
+func (e *Exporter) shareBlock(drv vmm.Driver, src BlockSource, ptr vmm.DevicePtr, once bool) (*Share, error) {
 	pin, err := src.PinBlock(ptr)
 	if err != nil {
 		return nil, fmt.Errorf("sharing: %w", err) // PinBlock's errors name the block
@@ -42,7 +66,7 @@ func (e *Exporter) ShareBlock(drv vmm.Driver, src BlockSource, ptr vmm.DevicePtr
 	}
 	ext := Extent{DeviceUUID: info.UUID, PageSize: pin.PageSize, Spans: pin.Spans, Offset: pin.Offset, Length: pin.Length}
 	if pin.Alloc != 0 {
-		return e.shareAlloc(drv, pin, ext)
+		return e.shareAlloc(drv, pin, ext, once)
 	}
 	if info.Fabric {
 		if fabs, ok := exportFabric(drv, pin.Pages); ok {
@@ -65,7 +89,7 @@ func (e *Exporter) ShareBlock(drv vmm.Driver, src BlockSource, ptr vmm.DevicePtr
 		}
 		fds = append(fds, fd)
 	}
-	return e.ShareFDs(fds, ext, pin.Unpin)
+	return e.shareFDs(fds, ext, pin.Unpin, once)
 }
 
 // exportFabric exports every page as a fabric handle, or reports false.

@@ -44,7 +44,7 @@ func fetchSocket(ctx context.Context, d *handles.Descriptor) ([]*handles.FD, *ne
 // fds (the importer fetched them another way). It returns nil, nil when
 // the exporter serves no socket: there is nobody to hold a lease with.
 func takeLease(ctx context.Context, d *handles.Descriptor) (*net.UnixConn, error) {
-	p, err := askLease(ctx, d)
+	p, err := askLease(ctx, d, 0)
 	if err != nil || p == nil {
 		return nil, err
 	}
@@ -60,9 +60,10 @@ type pendingLease struct {
 }
 
 // askLease connects to d's endpoint, checks that the exporter's pid serves
-// it and sends a lease-only request, without waiting for the answer. It
-// returns nil, nil when the exporter serves no socket.
-func askLease(ctx context.Context, d *handles.Descriptor) (*pendingLease, error) {
+// it and sends a lease-only request, without waiting for the answer; with
+// a non-zero nonce, the request says the importer claimed the share with
+// it. It returns nil, nil when the exporter serves no socket.
+func askLease(ctx context.Context, d *handles.Descriptor, nonce uint64) (*pendingLease, error) {
 	if d.Endpoint == "" {
 		return nil, nil
 	}
@@ -72,7 +73,11 @@ func askLease(ctx context.Context, d *handles.Descriptor) (*pendingLease, error)
 	}
 	// A failed send may have a refusal queued behind it: await reads
 	// that first (see exchange).
-	_, werr := conn.Write(encodeRequest(d.Token, flagLeaseOnly))
+	r := requestMsg{tok: d.Token, flags: flagLeaseOnly}
+	if nonce != 0 {
+		r.flags, r.nonce = r.flags|flagClaim, nonce
+	}
+	_, werr := conn.Write(encodeRequest(r))
 	return &pendingLease{conn, d, werr}, nil
 }
 
@@ -144,7 +149,7 @@ func dial(ctx context.Context, d *handles.Descriptor) (*net.UnixConn, error) {
 }
 
 func exchange(conn *net.UnixConn, d *handles.Descriptor, flags byte) (int, error) {
-	_, werr := conn.Write(encodeRequest(d.Token, flags))
+	_, werr := conn.Write(encodeRequest(requestMsg{tok: d.Token, flags: flags}))
 	count, err := readReply(conn, d, flags&flagLeaseOnly != 0)
 	if werr != nil && !errors.Is(err, ErrRefused) {
 		// A refusal is sent before the request is read, so the write may

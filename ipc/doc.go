@@ -138,4 +138,15 @@
 // dies. An exporter without a socket cannot see its importers: for it, the
 // share's Close is the word that they have let go. Exporter.Close ends
 // every lease.
+//
+// A share made for one importer ([Exporter.ShareBlockOnce], as libxseg makes
+// one per torch.multiprocessing message) is claimed instead of waited for.
+// Its authentication memfd names a claim memfd (handles.ClaimFor). The
+// pidfd importer fetches it with the pages, writes its pid and a random
+// nonce, seals it and reads back the winner. The exporter serves the share
+// to its claimant only, and keeps the pages for it until its lease request
+// is served or its process exits, past the share's Close too. So the
+// claimant maps and reads without waiting for the exporter's answer
+// ([Mapping.Claimed]). A loser of the claim waits as any importer does,
+// and is refused.
 package ipc

@@ -12,22 +12,25 @@ import (
 // accepts must be exactly what encodeRequest writes for the result.
 func FuzzDecodeRequest(f *testing.F) {
 	tok := handles.Token{1, 2, 3, 15: 4}
-	for _, flags := range []byte{0, flagLeaseOnly, 0x80} {
-		b := encodeRequest(tok, flags)
+	for _, r := range []requestMsg{{tok, 0, 0}, {tok, flagLeaseOnly, 0}, {tok, 0x80, 0}, {tok, flagLeaseOnly | flagClaim, 7}, {tok, flagClaim, 0}} {
+		b := encodeRequest(r)
 		f.Add(b)
 		f.Add(b[:len(b)-1])
 		f.Add(append(b, 0))
 	}
 	f.Add([]byte("hello"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		got, flags, err := decodeRequest(b)
+		got, err := decodeRequest(b)
 		if err != nil {
 			return
 		}
-		if flags&^knownFlags != 0 {
-			t.Fatalf("accepted unknown flags %#x", flags)
+		if got.flags&^knownFlags != 0 {
+			t.Fatalf("accepted unknown flags %#x", got.flags)
 		}
-		if out := encodeRequest(got, flags); !bytes.Equal(out, b) {
+		if (got.flags&flagClaim != 0) != (got.nonce != 0) {
+			t.Fatalf("accepted flags %#x with nonce %#x", got.flags, got.nonce)
+		}
+		if out := encodeRequest(got); !bytes.Equal(out, b) {
 			t.Fatalf("round trip changed the bytes:\n in %x\nout %x", b, out)
 		}
 	})

@@ -25,7 +25,7 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 	}
 	t1 := time.Now()
 	m.stages.Fetch = t1.Sub(t0)
-	m.recv, m.via, m.leased = r, r.Via, r.Leased()
+	m.recv, m.via, m.leased, m.claimed = r, r.Via, r.Leased(), r.Claimed()
 	access := opts.Access
 	if access == vmm.AccessNone {
 		access = vmm.AccessReadWrite

@@ -71,6 +71,11 @@ type OpenStages struct {
 	Fetch, Reserve, Import, Map, Lease time.Duration
 }
 
+// Claimed reports whether the Open won the claim of a share made for one
+// importer (Exporter.ShareBlockOnce): it did not wait for the exporter's
+// answer, which holds the pages for it alone.
+func (m *Mapping) Claimed() bool { return m.m.claimed }
+
 // Reused reports whether the Open took over a kept mapping of the same
 // allocations (ImporterOptions.KeepFor) instead of mapping them again.
 func (m *Mapping) Reused() bool { return m.m.reused }
@@ -137,6 +142,7 @@ type mapped struct {
 	access  vmm.Access
 	keepFDs []*handles.FD
 	reused  bool
+	claimed bool
 	timer   *time.Timer
 	// deferLease: open left the lease's answer unread (OpenOptions.
 	// DeferLease); leaseMu guards leaseDone and leaseErr, the outcome of

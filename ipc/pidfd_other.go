@@ -12,4 +12,10 @@ import (
 
 var errNoPidfd = fmt.Errorf("pidfd_getfd is a Linux call, not %s's: %w", runtime.GOOS, vmm.ErrNotSupported)
 
-func fetchPidfd(*handles.Descriptor) ([]*handles.FD, error) { return nil, errNoPidfd }
+func fetchPidfd(*handles.Descriptor) ([]*handles.FD, *handles.FD, error) {
+	return nil, nil, errNoPidfd
+}
+
+// waitGone cannot watch a process here: it says gone at once (no claim
+// is ever held here: claims need the Linux memfds).
+func waitGone(int, ...<-chan struct{}) bool { return true }

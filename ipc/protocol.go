@@ -10,7 +10,7 @@ import (
 // The socket protocol, version 2, over a SOCK_SEQPACKET Unix socket (so
 // message boundaries hold and fds stay with their message):
 //
-//	importer -> exporter  request: "XSRQ" version(2) flags(1) token(16)
+//	importer -> exporter  request: "XSRQ" version(2) flags(1) token(16) [nonce(u64)]
 //	exporter -> importer  reply:   "XSRS" version(2) status(1) count(u32) n(u16) message(n)
 //	exporter -> importer  count fds in batches of at most maxBatch, each a
 //	                      message "XSRB" index(u32) with the fds as SCM_RIGHTS
@@ -22,7 +22,11 @@ import (
 // socket: the importer reads the reply even when sending failed), and the
 // reply says no more than "refused by the exporter's policy". The
 // flag flagLeaseOnly asks for no fds (count 0): an importer that fetched
-// the fds with pidfd_getfd takes its lease that way.
+// the fds with pidfd_getfd takes its lease that way. The flag flagClaim
+// says that the importer claimed the share (handles.ClaimFor) with the
+// nonce that follows the token; the exporter serves a share that has a
+// claim memfd only to its claimant, and claims it for a requester that
+// brings no nonce.
 //
 // After a successful exchange the connection is the importer's lease on
 // the share: the exporter keeps the share's pages pinned until the
@@ -31,6 +35,7 @@ import (
 const (
 	protoVersion = 2
 	requestSize  = 4 + 1 + 1 + 16
+	nonceSize    = 8
 	replyHeader  = 4 + 1 + 1 + 4 + 2
 	batchSize    = 4 + 4
 	maxMessage   = 512
@@ -42,7 +47,8 @@ const (
 // flags of a request.
 const (
 	flagLeaseOnly byte = 1 << iota
-	knownFlags         = flagLeaseOnly
+	flagClaim
+	knownFlags = flagLeaseOnly | flagClaim
 )
 
 // status of a reply.
@@ -54,18 +60,43 @@ const (
 	statusBusy
 )
 
-func encodeRequest(tok handles.Token, flags byte) []byte {
-	b := append([]byte("XSRQ"), protoVersion, flags)
-	return append(b, tok[:]...)
+// A requestMsg names a share by its token; with flagClaim it carries the
+// nonce its importer claimed the share with (never zero).
+type requestMsg struct {
+	tok   handles.Token
+	flags byte
+	nonce uint64
 }
 
-func decodeRequest(b []byte) (handles.Token, byte, error) {
-	var tok handles.Token
-	if len(b) != requestSize || string(b[:4]) != "XSRQ" || b[4] != protoVersion || b[5]&^knownFlags != 0 {
-		return tok, 0, fmt.Errorf("malformed request of %d bytes", len(b))
+func encodeRequest(r requestMsg) []byte {
+	b := append([]byte("XSRQ"), protoVersion, r.flags)
+	b = append(b, r.tok[:]...)
+	if r.flags&flagClaim != 0 {
+		b = binary.LittleEndian.AppendUint64(b, r.nonce)
 	}
-	copy(tok[:], b[6:])
-	return tok, b[5], nil
+	return b
+}
+
+func decodeRequest(b []byte) (requestMsg, error) {
+	var r requestMsg
+	if len(b) < requestSize || string(b[:4]) != "XSRQ" || b[4] != protoVersion || b[5]&^knownFlags != 0 {
+		return r, fmt.Errorf("malformed request of %d bytes", len(b))
+	}
+	r.flags = b[5]
+	copy(r.tok[:], b[6:])
+	want := requestSize
+	if r.flags&flagClaim != 0 {
+		want += nonceSize
+	}
+	if len(b) != want {
+		return requestMsg{}, fmt.Errorf("malformed request of %d bytes (flags %#x: %d)", len(b), r.flags, want)
+	}
+	if r.flags&flagClaim != 0 {
+		if r.nonce = binary.LittleEndian.Uint64(b[requestSize:]); r.nonce == 0 {
+			return requestMsg{}, fmt.Errorf("malformed request: a claim with a zero nonce")
+		}
+	}
+	return r, nil
 }
 
 func encodeReply(status byte, count int, msg string) []byte {

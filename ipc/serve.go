@@ -19,7 +19,7 @@ func (e *Exporter) serve(c *net.UnixConn, cred *ucred) (*Share, error) {
 	if err := c.SetDeadline(time.Now().Add(e.opts.Timeout)); err != nil {
 		return nil, err
 	}
-	buf := make([]byte, requestSize+1)
+	buf := make([]byte, requestSize+nonceSize+1)
 	n, stray, err := recvMsg(c, buf)
 	closeRaw(stray)
 	if n == 0 && len(stray) == 0 && (err == nil || errors.Is(err, io.EOF)) {
@@ -30,20 +30,21 @@ func (e *Exporter) serve(c *net.UnixConn, cred *ucred) (*Share, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading request of pid %d: %w", cred.Pid, err)
 	}
-	tok, flags, err := decodeRequest(buf[:n])
+	req, err := decodeRequest(buf[:n])
 	if err != nil || len(stray) != 0 {
 		_, _ = c.Write(encodeReply(statusBadRequest, 0, "malformed request"))
 		return nil, fmt.Errorf("request of pid %d: malformed (%d bytes, %d fds)", cred.Pid, n, len(stray))
 	}
-	s := e.lookup(tok)
+	s := e.lookup(req.tok)
 	if s == nil {
 		_, _ = c.Write(encodeReply(statusUnknownShare, 0, "no live share has this token"))
 		return nil, fmt.Errorf("request of pid %d uid %d: no live share has its token: %w", cred.Pid, cred.Uid, ErrRefused)
 	}
-	if err := s.send(c, e.opts.batch, flags&flagLeaseOnly != 0); err != nil {
+	err = s.send(c, e.opts.batch, req, int(cred.Pid))
+	s.closeIfServed() // also after a claimant failed: it had its turn
+	if err != nil {
 		return nil, fmt.Errorf("passing fds to pid %d: %w", cred.Pid, err)
 	}
-	s.closeIfServed()
 	return s, nil
 }
 
@@ -76,13 +77,27 @@ func (e *Exporter) lookup(tok handles.Token) *Share {
 	return found
 }
 
-// send passes the share's fds in batches (none if leaseOnly) and takes a
-// lease for the importer. It holds the share's read lock so Close cannot
-// close the fds under it; on failure it takes no lease.
-func (s *Share) send(c *net.UnixConn, batch int, leaseOnly bool) error {
+// send passes the share's fds in batches (none for a lease-only request)
+// and takes a lease for the importer, pid peer. It holds the share's read
+// lock so Close cannot close the fds under it; on failure it takes no
+// lease. A share with a claim is served to its claimant only (see
+// claimedBy), and its claimant's turn is spent even if sending fails.
+func (s *Share) send(c *net.UnixConn, batch int, req requestMsg, peer int) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.mu.closed {
+	if err := s.claimedBy(req, peer); err != nil {
+		_, _ = c.Write(encodeReply(statusUnknownShare, 0, "the share is held for another importer"))
+		return err
+	}
+	leaseOnly := req.flags&flagLeaseOnly != 0
+	held := s.mu.closed && s.mu.heldFor.PID != 0
+	if held && (!leaseOnly || !s.holdServed.CompareAndSwap(false, true)) {
+		_, _ = c.Write(encodeReply(statusUnknownShare, 0, "share closed"))
+		return fmt.Errorf("share closed, held for its claimant, which asked again or for fds: %w", ErrNotOffered)
+	}
+	if held {
+		defer close(s.holdEnd) // the claimant's lease (or failure) ends the hold
+	} else if s.mu.closed {
 		_, _ = c.Write(encodeReply(statusUnknownShare, 0, "share closed"))
 		return fmt.Errorf("share closed: %w", ErrRefused)
 	}
@@ -102,8 +117,38 @@ func (s *Share) send(c *net.UnixConn, batch int, leaseOnly bool) error {
 	s.leases.Add(1)
 	if err := s.sendFDs(c, batch, raws); err != nil {
 		s.leases.Add(-1)
-		s.served.Add(-1) // the slot goes to the next importer
+		if s.mu.claim == nil {
+			s.served.Add(-1) // the slot goes to the next importer
+		}
 		return err
+	}
+	return nil
+}
+
+// claimedBy decides whether a share with a claim memfd may serve the
+// request of pid peer: only the claimant, as the request names it (its
+// nonce), or, for a request that brings none, the peer if the exporter
+// can claim the share for it now. nil for a share without a claim.
+func (s *Share) claimedBy(req requestMsg, peer int) error {
+	if s.mu.claim == nil {
+		return nil
+	}
+	want := handles.Claimant{PID: peer, Nonce: req.nonce}
+	if req.flags&flagClaim == 0 {
+		var err error
+		if want.Nonce, err = handles.NewNonce(); err != nil {
+			return err
+		}
+	}
+	var w handles.Claimant
+	var err error
+	if s.mu.closed {
+		w = s.mu.heldFor // the claim memfd is closed; zero if not held
+	} else if w, err = handles.ClaimFor(s.mu.claim, want); err != nil {
+		return fmt.Errorf("claiming the share for pid %d: %w", peer, err)
+	}
+	if w != want {
+		return fmt.Errorf("request of pid %d: the share is held for another importer (pid %d): %w", peer, w.PID, ErrNotOffered)
 	}
 	return nil
 }

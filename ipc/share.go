@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/vmm"
@@ -58,8 +59,23 @@ type Share struct {
 		// that finds it still open knows the fd numbers were the share's.
 		auth    *handles.FD
 		release func() error
+		// claim is the claim memfd of a share made for one importer
+		// (ShareBlockOnce; handles.ClaimFor); heldFor, once the share
+		// closed with its claimant not yet served, that claimant: the
+		// share keeps one lease for it (the hold) until its request is
+		// served or it exits.
+		claim   *handles.FD
+		heldFor handles.Claimant
 	}
+	// holdServed is set by the one request the hold is ended by; holdEnd
+	// is closed then, for the goroutine that watches the claimant.
+	holdServed atomic.Bool
+	holdEnd    chan struct{}
 }
+
+// pollEvery is how often a hold's watcher looks whether it was ended
+// otherwise than by its claimant's exit.
+const pollEvery = 100 * time.Millisecond
 
 // ShareFDs shares pages given as fds, one per allocation (of one page of
 // ext.PageSize, or of ext.Spans[i] pages), in address order. The share takes ownership of fds, also when it fails. release, if
@@ -67,8 +83,25 @@ type Share struct {
 // The descriptor carries the fd numbers (for pidfd) and the socket, if the
 // exporter serves one.
 func (e *Exporter) ShareFDs(fds []*handles.FD, ext Extent, release func() error) (*Share, error) {
+	return e.shareFDs(fds, ext, release, false)
+}
+
+// shareFDs is ShareFDs; once makes a share for one importer (see
+// ShareBlockOnce): it closes after one lease, and, where the exporter
+// serves a socket, has a claim memfd.
+func (e *Exporter) shareFDs(fds []*handles.FD, ext Extent, release func() error, once bool) (*Share, error) {
 	s := &Share{e: e}
 	s.mu.fds, s.mu.release = fds, release
+	if once {
+		s.limit.Store(1)
+		if e.endpoint != "" {
+			claim, err := handles.NewClaim()
+			if err != nil {
+				return nil, errors.Join(err, s.Close())
+			}
+			s.mu.claim = claim
+		}
+	}
 	s.desc = e.descriptor(handles.KindPosixFD, len(fds), ext)
 	for _, fd := range fds {
 		if fd == nil || fd.Int() < 0 {
@@ -132,7 +165,7 @@ func (s *Share) authenticate() error {
 	if len(s.desc.PageFDs) == 0 {
 		return nil
 	}
-	auth, err := handles.NewAuth(s.desc.Token, s.mu.fds)
+	auth, err := handles.NewAuth(s.desc.Token, s.mu.fds, s.mu.claim)
 	if err != nil {
 		return err
 	}
@@ -208,25 +241,90 @@ func (s *Share) Leases() int { return int(s.leases.Load()) }
 // Close stops serving the share and closes its fds. Its release runs now
 // if no importer holds a lease, else when the last lease ends. Importers
 // keep what they already fetched; new fetches fail. Close is idempotent.
+//
+// A share made for one importer whose importer claimed it and has not yet
+// been served stays held for it: the release waits until that importer's
+// request is served and its lease ends, or until it exits, or until the
+// exporter closes.
 func (s *Share) Close() error {
-	s.e.mu.Lock()
-	delete(s.e.mu.shares, s)
-	s.e.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.closed {
 		return nil
 	}
 	s.mu.closed = true
+	held := s.holdLocked()
+	if !held {
+		s.e.forget(s)
+	}
 	// The authentication memfd first: an importer's pidfd fetch that
 	// still finds it open got the share's pages, not what reuses their
 	// numbers once they close.
 	err := handles.CloseAll([]*handles.FD{s.mu.auth})
-	err = errors.Join(err, handles.CloseAll(s.mu.fds))
+	err = errors.Join(err, handles.CloseAll(s.mu.fds), handles.CloseAll([]*handles.FD{s.mu.claim}))
 	if s.leases.Load() == 0 {
 		err = errors.Join(err, s.releaseLocked())
 	}
 	return err
+}
+
+// holdLocked decides, as the share closes, whether its claim holds it: it
+// claims the share for the exporter itself, which wins unless an importer
+// claimed first; if one did and was not served, the share keeps one lease
+// for it and a goroutine of the exporter watches it (the exporter's wait
+// group counts it, so the hold is made only while the exporter is open).
+func (s *Share) holdLocked() bool {
+	if s.mu.claim == nil || s.served.Load() != 0 {
+		return false
+	}
+	nonce, err := handles.NewNonce()
+	if err != nil {
+		// Without a nonce the exporter cannot claim: assume the worst.
+		nonce = 0
+	}
+	self := handles.Claimant{PID: os.Getpid(), Nonce: nonce}
+	var w handles.Claimant
+	if nonce != 0 {
+		w, err = handles.ClaimFor(s.mu.claim, self)
+	}
+	if err != nil || w == self {
+		return false
+	}
+	if !s.e.startHold() {
+		return false
+	}
+	s.mu.heldFor, s.holdEnd = w, make(chan struct{})
+	s.leases.Add(1)
+	go s.watchHold(w, s.holdEnd)
+	return true
+}
+
+// watchHold ends the hold on s when its claimant has been served, or has
+// exited, or the exporter closes.
+func (s *Share) watchHold(w handles.Claimant, end <-chan struct{}) {
+	defer s.e.wg.Done()
+	waitGone(w.PID, end, s.e.done)
+	s.e.forget(s)
+	s.dropLease()
+}
+
+// forget takes s out of the shares the exporter serves.
+func (e *Exporter) forget(s *Share) {
+	e.mu.Lock()
+	delete(e.mu.shares, s)
+	e.mu.Unlock()
+}
+
+// startHold counts a hold's watcher in the exporter's wait group, unless
+// the exporter is closed (its Close ends every hold).
+func (e *Exporter) startHold() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.mu.closed {
+		return false
+	}
+	e.wg.Add(1)
+	return true
 }
 
 // dropLease ends one importer's lease and runs the release if it was the

@@ -68,7 +68,13 @@ func (s *sharing) share(ptr vmm.DevicePtr, device, importers int) ([]byte, error
 		s.mu.exp = exp
 		s.mu.shares = make(map[string]*ipc.Share)
 	}
-	sh, err := s.mu.exp.ShareBlock(lib.driver(), a, ptr)
+	// A share for one importer (a torch.multiprocessing message) is
+	// claimable: its importer reads without waiting for this process.
+	shareBlock := s.mu.exp.ShareBlock
+	if importers == 1 {
+		shareBlock = s.mu.exp.ShareBlockOnce
+	}
+	sh, err := shareBlock(lib.driver(), a, ptr)
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +136,7 @@ func (s *sharing) open(desc []byte, device int, deferLease bool) (int64, *ipc.Ma
 	if lib.log.Enabled(context.Background(), slog.LevelDebug) {
 		st, us := m.Stages(), func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 		lib.log.Debug("xseg: opened a shared block", "device", device, "bytes", m.Len(), "via", m.Via().String(),
-			"allocations", m.Allocations(), "reused", m.Reused(), "fetch_us", us(st.Fetch), "reserve_us", us(st.Reserve), "import_us", us(st.Import),
+			"allocations", m.Allocations(), "reused", m.Reused(), "claimed", m.Claimed(), "fetch_us", us(st.Fetch), "reserve_us", us(st.Reserve), "import_us", us(st.Import),
 			"map_us", us(st.Map), "lease_us", us(st.Lease))
 	}
 	s.mu.Lock()

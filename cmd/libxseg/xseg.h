@@ -145,7 +145,11 @@ ssize_t xseg_share(void* ptr, int device, void* out, size_t cap);
 /* xseg_share_for is xseg_share for a known number of importers (> 0): the
  * share ends by itself once that many have opened it, each keeping the
  * pages until it closes, as torch.multiprocessing needs (one share per
- * tensor sent). importers 0 is xseg_share. */
+ * tensor sent). importers 0 is xseg_share. A share for one importer is
+ * claimed: the importer that fetches it by pidfd seals a claim memfd with
+ * its pid and a nonce, and reads without waiting for this process, which
+ * serves that importer alone and keeps the pages for it until its request
+ * is served or it exits (also past xseg_unshare). */
 ssize_t xseg_share_for(void* ptr, int device, int importers, void* out, size_t cap);
 int xseg_unshare(const void* desc, size_t len);
 
@@ -169,7 +173,8 @@ int xseg_close(int64_t handle);
  * return 0, before it reads or writes a byte there. -1 from xseg_open_wait
  * (the exporter refused: the share ended first) leaves the pages
  * unprotected: read nothing, xseg_close the handle. xseg_open_wait of a
- * handle from xseg_open, or a second time, returns at once. */
+ * handle from xseg_open, or a second time, or of an open that claimed a
+ * share for one importer (see xseg_share_for), returns at once. */
 int64_t xseg_open_nowait(const void* desc, size_t len, int device, void** ptr, size_t* size);
 int xseg_open_wait(int64_t handle);
 

@@ -270,3 +270,30 @@ def test_open_without_waiting_for_the_lease(spawn_py, run_py):
     assert "error" in again, f"the lease taken by wait() did not end the share: {again}"
     exp.send("exit")
     assert exp.finish()[0] == 0
+
+
+def test_racing_importers_of_a_share_for_one(spawn_py, run_py):
+    """Two processes open a share for one importer at once: exactly one
+    gets it, and it claimed the share (its open waited for no answer from
+    the exporter: claimed=true in its debug log) and read the exporter's
+    bytes; the other is refused with an error, not wrong bytes."""
+    import threading
+    exp, desc = _start_exporter(spawn_py, importers=1)
+    out = [None, None]
+
+    def one(i):
+        out[i] = run_py(IMPORTER, args=[desc], env={"XSEG_LOG": "debug"})
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = [last_json(p) for p in out]
+    won = [i for i in range(2) if "error" not in got[i]]
+    assert len(won) == 1, got
+    assert got[won[0]]["seen"] == [A5, A5], got
+    assert "claimed=true" in out[won[0]].stderr, out[won[0]].stderr
+    assert "no share" in got[1 - won[0]]["error"] or "held for another" in got[1 - won[0]]["error"], got
+    exp.send("exit")
+    assert exp.finish()[0] == 0
