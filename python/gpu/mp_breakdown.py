@@ -19,7 +19,8 @@ go_reserve; go_import; go_map: the maps and the one SetAccess; go_lease:
 the wait for the lease's answer left after them; go_allocations: how many
 of the exporter's allocations the block spans; go_reused: 1 where the
 open took over the mapping kept from the last round's,
-XSEG_IMPORT_KEEP_MS); what open has beyond
+XSEG_IMPORT_KEEP_MS; go_claimed: 1 where it claimed the share for one
+importer and so waited for no answer from the producer); what open has beyond
 their sum is ctypes, cgo, descriptor parsing and the debug line itself (a
 few us, inside open_block).
 Medians of 5 rounds after a warm-up, in ms. Prints RESULT <json>.
@@ -151,6 +152,7 @@ def open_stages(stderr):
             if a:
                 row["allocations"] = int(a.group(1))
             row["reused"] = 1.0 if "reused=true" in line else 0.0
+            row["claimed"] = 1.0 if "claimed=true" in line else 0.0
             rows.append(row)
     rows = rows[1:]
     if not rows:
@@ -169,7 +171,7 @@ def main():
         if os.environ.get("MP_ROWS"):
             for l in out.stderr.splitlines():
                 if "opened a shared block" in l:
-                    print(m, "OPEN", " ".join(re.findall(r"(?:reused|fetch_us|lease_us|map_us)=\S+", l)))
+                    print(m, "OPEN", " ".join(re.findall(r"(?:reused|claimed|fetch_us|lease_us|map_us)=\S+", l)))
         if not lines:
             print(f"{m} failed ({out.returncode}): {out.stderr[-3000:]}")
             continue
