@@ -61,10 +61,16 @@ func claimFile(raw int, b []byte) (Claimant, error) {
 	} else if err == nil && n != len(b) {
 		return Claimant{}, fmt.Errorf("writing the claim: %d of %d bytes: %w", n, len(b), vmm.ErrInvalid)
 	}
-	if _, err := unix.FcntlInt(uintptr(raw), unix.F_ADD_SEALS, claimedSeals); err != nil && err != unix.EPERM {
+	_, err = unix.FcntlInt(uintptr(raw), unix.F_ADD_SEALS, claimedSeals)
+	if err != nil && err != unix.EPERM {
 		return Claimant{}, fmt.Errorf("sealing the claim: %w", err)
 	}
-	if seals, err = unix.FcntlInt(uintptr(raw), unix.F_GET_SEALS, 0); err != nil || seals&claimedSeals != claimedSeals {
+	if err == nil {
+		seals = claimedSeals // this call sealed it: nothing more to ask
+	} else if seals, err = unix.FcntlInt(uintptr(raw), unix.F_GET_SEALS, 0); err != nil {
+		seals = 0
+	}
+	if seals&claimedSeals != claimedSeals {
 		// Sealed against more seals but not against writes: not a
 		// claim any claimant made.
 		return Claimant{}, fmt.Errorf("the claim memfd is not sealed against writes (seals %#x, %v): %w", seals, err, vmm.ErrInvalid)

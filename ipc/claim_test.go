@@ -297,3 +297,19 @@ func (e *Exporter) shareCount() int {
 	defer e.mu.Unlock()
 	return len(e.mu.shares)
 }
+
+// TestClaimLeaseRefusals: a claimant's raw request fails cleanly (no fd
+// left) when the socket is served by another pid than the descriptor's or
+// serves nothing; the caller then asks the usual way.
+func TestClaimLeaseRefusals(t *testing.T) {
+	requireNoFDLeak(t)
+	e := newExporter(t, ExporterOptions{})
+	d := &handles.Descriptor{ExporterPID: unix.Getpid() + 1, Endpoint: e.Endpoint()}
+	_, err := claimLease(d, 7)
+	require.ErrorIs(t, err, ErrRefused, "served by this pid, not the descriptor's")
+	d = &handles.Descriptor{ExporterPID: unix.Getpid(), Endpoint: "@xseg-nobody-serves-this"}
+	_, err = claimLease(d, 7)
+	require.ErrorIs(t, err, unix.ECONNREFUSED)
+	_, err = claimLease(&handles.Descriptor{ExporterPID: unix.Getpid()}, 7)
+	require.ErrorIs(t, err, vmm.ErrNotSupported, "no socket")
+}

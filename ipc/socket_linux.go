@@ -1,10 +1,14 @@
 package ipc
 
 import (
+	"errors"
 	"fmt"
 	"net"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/xseg-dev/xseg/handles"
+	"github.com/xseg-dev/xseg/vmm"
 )
 
 // The socket transport's system calls: a SOCK_SEQPACKET Unix socket, fds
@@ -76,4 +80,41 @@ func peerCred(c *net.UnixConn) (*ucred, error) {
 		return nil, fmt.Errorf("reading SO_PEERCRED: %w", err)
 	}
 	return cred, nil
+}
+
+// claimLease sends a claimant's lease-only request (see fetchPidfdLeased)
+// on a raw socket that it never reads: a socket, a connect, the peer's
+// pid checked, one write, where the runtime's dialer would also register
+// the socket with its poller. Anything short of that (a full backlog,
+// EAGAIN on the write) is an error, and the caller asks the usual way.
+// The returned fd is the lease.
+func claimLease(d *handles.Descriptor, nonce uint64) (*handles.FD, error) {
+	if d.Endpoint == "" {
+		return nil, fmt.Errorf("exporter serves no socket: %w", vmm.ErrNotSupported)
+	}
+	raw, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	fd, err := handles.NewFD(raw)
+	if err != nil {
+		return nil, err
+	}
+	if err = unix.Connect(raw, &unix.SockaddrUnix{Name: d.Endpoint}); err == nil {
+		var cred *unix.Ucred
+		if cred, err = unix.GetsockoptUcred(raw, unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil && int(cred.Pid) != d.ExporterPID {
+			err = fmt.Errorf("socket %q is served by pid %d, not the exporter pid %d: %w", d.Endpoint, cred.Pid, d.ExporterPID, ErrRefused)
+		}
+	}
+	if err == nil {
+		req := encodeRequest(requestMsg{tok: d.Token, flags: flagLeaseOnly | flagClaim, nonce: nonce})
+		var n int
+		if n, err = unix.Write(raw, req); err == nil && n != len(req) {
+			err = fmt.Errorf("wrote %d of %d bytes", n, len(req))
+		}
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("claimant's lease request to %q: %w", d.Endpoint, err), fd.Close())
+	}
+	return fd, nil
 }

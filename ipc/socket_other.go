@@ -7,6 +7,7 @@ import (
 	"net"
 	"runtime"
 
+	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -26,3 +27,5 @@ func rights([]int) []byte                               { return nil }
 func closeRaw([]int)                                    {}
 func recvMsg(*net.UnixConn, []byte) (int, []int, error) { return 0, nil, errNoSocket }
 func peerCred(*net.UnixConn) (*ucred, error)            { return nil, errNoSocket }
+
+func claimLease(*handles.Descriptor, uint64) (*handles.FD, error) { return nil, errNoSocket }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"slices"
@@ -117,8 +118,10 @@ type Received struct {
 	IPC handles.IPCHandle
 
 	// lease is the connection to the exporter's socket that keeps the
-	// share pinned there; nil when the exporter serves no socket.
-	lease *net.UnixConn
+	// share pinned there (a *net.UnixConn, or the raw socket of a
+	// claimant's request, see claimLease); nil when the exporter serves
+	// no socket.
+	lease io.Closer
 	// pending is a lease asked for and not yet answered (pidfd: the
 	// importer maps while the exporter answers); awaitLease makes it the
 	// lease.
@@ -144,7 +147,7 @@ func (r *Received) awaitLease() error {
 		return p.conn.SetDeadline(time.Time{})
 	}
 	lease, err := p.await()
-	r.lease = lease
+	r.lease = leaseOf(lease)
 	return err
 }
 
@@ -258,11 +261,26 @@ func fetchPidfdLeased(ctx context.Context, d *handles.Descriptor) (*Received, er
 		}
 		_ = claim.Close() // a copy: the exporter's stays
 	}
+	if nonce != 0 {
+		// The claimant never reads the answer: a raw socket will do,
+		// without the runtime's poller.
+		if lease, err := claimLease(d, nonce); err == nil {
+			return &Received{Via: TransportPidfd, FDs: fds, lease: lease, claimed: true}, nil
+		}
+	}
 	pending, err := askLease(ctx, d, nonce)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("fetched the fds, but: %w", err), handles.CloseAll(fds))
 	}
 	return &Received{Via: TransportPidfd, FDs: fds, pending: pending, claimed: nonce != 0 && pending != nil}, nil
+}
+
+// leaseOf is c as a lease: nil (no lease) for a nil connection.
+func leaseOf(c *net.UnixConn) io.Closer {
+	if c == nil {
+		return nil
+	}
+	return c
 }
 
 // claimShare claims the share whose claim memfd is claim for this process
@@ -286,7 +304,7 @@ func fetchSocketLeased(ctx context.Context, d *handles.Descriptor) (*Received, e
 	if err != nil {
 		return nil, err
 	}
-	return &Received{Via: TransportSocket, FDs: fds, lease: lease}, nil
+	return &Received{Via: TransportSocket, FDs: fds, lease: leaseOf(lease)}, nil
 }
 
 // fetchFabric is the fabric hook: the handles travel inside the descriptor,
@@ -311,5 +329,5 @@ func fetchCUDAIPC(ctx context.Context, d *handles.Descriptor) (*Received, error)
 	if err != nil {
 		return nil, err
 	}
-	return &Received{Via: TransportCUDAIPC, IPC: d.IPC, lease: lease}, nil
+	return &Received{Via: TransportCUDAIPC, IPC: d.IPC, lease: leaseOf(lease)}, nil
 }
