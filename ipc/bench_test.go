@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xseg-dev/xseg/expandable"
 	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/host"
@@ -157,4 +158,55 @@ func benchOpenClose(b *testing.B, ts []Transport) {
 func quantile(ds []time.Duration, q float64) float64 {
 	slices.Sort(ds)
 	return float64(ds[int(float64(len(ds)-1)*q)].Nanoseconds())
+}
+
+// BenchmarkShareBlock is the producer's side of a torch.multiprocessing
+// message (host backend): Exporter.ShareBlock or ShareBlockOnce of a live
+// block of a shareable allocator (its page's export kept from the first
+// share, as the allocator keeps it), the descriptor marshalled, then the
+// share closed, which unpins the block.
+func BenchmarkShareBlock(b *testing.B) {
+	drv, err := host.Open(host.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer drv.Close()
+	for _, once := range []bool{false, true} {
+		name := map[bool]string{false: "many", true: "once"}[once]
+		b.Run(name, func(b *testing.B) {
+			cfg := expandable.DefaultConfig()
+			cfg.Shareable = true
+			a, err := expandable.New(drv, 0, cfg, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer a.Close()
+			ptr, err := a.Alloc(16<<20, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer a.Free(ptr)
+			e, err := NewExporter(ExporterOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			share := e.ShareBlock
+			if once {
+				share = e.ShareBlockOnce
+			}
+			for b.Loop() {
+				s, err := share(drv, a, ptr)
+				if err == nil {
+					_, err = s.MarshalBinary()
+				}
+				if err == nil {
+					err = s.Close()
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
