@@ -23,7 +23,9 @@ type OpenOptions struct {
 	// lease request not yet read: the caller may prepare what it needs
 	// (a tensor over Ptr) meanwhile, and must call Mapping.AwaitLease,
 	// and see it succeed, before any byte is read or written. Otherwise
-	// Open waits for the lease itself.
+	// Open waits for the lease itself. An Open that claims a share made
+	// for one importer (Mapping.Claimed) has no answer to wait for, with
+	// or without DeferLease.
 	DeferLease bool
 }
 
@@ -154,8 +156,9 @@ type mapped struct {
 }
 
 // AwaitLease waits for the exporter's answer to the lease request of an
-// Open made with OpenOptions.DeferLease; nil at once for any other, and
-// for every call after the first success. An error (the exporter refused:
+// Open made with OpenOptions.DeferLease; nil at once for any other, for
+// one that claimed its share (Claimed), and for every call after the
+// first success. An error (the exporter refused:
 // the share closed before the request reached it) means the pages are not
 // protected: read nothing, and Close the Mapping. Safe for concurrent use.
 func (m *Mapping) AwaitLease() error {
