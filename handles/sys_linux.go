@@ -31,19 +31,28 @@ const (
 
 // NewClaim makes an unclaimed claim memfd (see claim.go).
 func NewClaim() (*FD, error) {
-	raw, err := unix.MemfdCreate("xseg-share-claim", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	return newShareMemfd("claim", func(raw int) error {
+		if err := unix.Ftruncate(raw, claimSize); err != nil {
+			return err
+		}
+		_, err := unix.FcntlInt(uintptr(raw), unix.F_ADD_SEALS, claimSeals)
+		return err
+	})
+}
+
+// newShareMemfd makes a sealable memfd for a share's what ("auth", "claim")
+// and sets it up with fill; on failure it is closed.
+func newShareMemfd(what string, fill func(raw int) error) (*FD, error) {
+	raw, err := unix.MemfdCreate("xseg-share-"+what, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
-		return nil, fmt.Errorf("creating the share's claim memfd: %w", err)
+		return nil, fmt.Errorf("creating the share's %s memfd: %w", what, err)
 	}
 	fd, err := NewFD(raw)
 	if err != nil {
 		return nil, err
 	}
-	if err = unix.Ftruncate(raw, claimSize); err == nil {
-		_, err = unix.FcntlInt(uintptr(raw), unix.F_ADD_SEALS, claimSeals)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("sizing the share's claim memfd: %w (closing it: %v)", err, fd.Close())
+	if err := fill(raw); err != nil {
+		return nil, fmt.Errorf("filling the share's %s memfd: %w (closing it: %v)", what, err, fd.Close())
 	}
 	return fd, nil
 }
@@ -94,18 +103,7 @@ func FileIDOf(fd int) (FileID, error) {
 
 // newSealedFile makes a memfd holding b, sealed against every change.
 func newSealedFile(b []byte) (*FD, error) {
-	raw, err := unix.MemfdCreate("xseg-share-auth", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("creating the share's authentication memfd: %w", err)
-	}
-	fd, err := NewFD(raw)
-	if err != nil {
-		return nil, err
-	}
-	if err := writeSealed(raw, b); err != nil {
-		return nil, fmt.Errorf("filling the share's authentication memfd: %w (closing it: %v)", err, fd.Close())
-	}
-	return fd, nil
+	return newShareMemfd("auth", func(raw int) error { return writeSealed(raw, b) })
 }
 
 // writeSealed writes b at the start of the memfd raw and seals it.
