@@ -38,17 +38,15 @@ type Claimant struct {
 	Nonce uint64
 }
 
-// NewNonce returns a random, non-zero nonce for a claim.
+// NewNonce returns a random nonce for a claim. Its top bit is set, so a
+// nonce below 1<<63 (an exporter claiming a share in its own name, with a
+// fixed one) never equals an importer's.
 func NewNonce() (uint64, error) {
 	var b [8]byte
-	for {
-		if _, err := rand.Read(b[:]); err != nil {
-			return 0, fmt.Errorf("making a claim nonce: %w", err)
-		}
-		if n := binary.LittleEndian.Uint64(b[:]); n != 0 {
-			return n, nil
-		}
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("making a claim nonce: %w", err)
 	}
+	return binary.LittleEndian.Uint64(b[:]) | 1<<63, nil
 }
 
 func (c Claimant) bytes() []byte {

@@ -55,6 +55,7 @@ func TestClaimOneWinner(t *testing.T) {
 		}
 		require.Equal(t, 1, winners, "round %d", round)
 		late, err := ClaimFor(c, Claimant{PID: 77, Nonce: 5})
+		require.NotZero(t, got[0].Nonce>>63, "an importer's nonce has its top bit set")
 		require.NoError(t, err)
 		require.Equal(t, got[0], late, "a late claimant loses to the first")
 		_, err = unix.Pwrite(c.Int(), make([]byte, claimSize), 0)

@@ -138,14 +138,23 @@ func dial(ctx context.Context, d *handles.Descriptor) (*net.UnixConn, error) {
 	if err == nil {
 		cred, err = peerCred(conn)
 	}
-	if err == nil && int(cred.Pid) != d.ExporterPID {
-		err = fmt.Errorf("socket %q is served by pid %d, not the exporter pid %d: %w", d.Endpoint, cred.Pid, d.ExporterPID, ErrRefused)
+	if err == nil {
+		err = servedByExporter(d, cred)
 	}
 	if err != nil {
 		_ = conn.Close()
 		return nil, err
 	}
 	return conn, nil
+}
+
+// servedByExporter checks that the peer serving d's socket is d's
+// exporter: an abstract name can be taken by anyone.
+func servedByExporter(d *handles.Descriptor, cred *ucred) error {
+	if int(cred.Pid) != d.ExporterPID {
+		return fmt.Errorf("socket %q is served by pid %d, not the exporter pid %d: %w", d.Endpoint, cred.Pid, d.ExporterPID, ErrRefused)
+	}
+	return nil
 }
 
 func exchange(conn *net.UnixConn, d *handles.Descriptor, flags byte) (int, error) {

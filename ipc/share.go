@@ -73,6 +73,10 @@ type Share struct {
 	holdEnd    chan struct{}
 }
 
+// exporterNonce is the nonce the exporter claims a share with as it
+// closes it (holdLocked): below 1<<63, so no importer's (handles.NewNonce).
+const exporterNonce = 1
+
 // pollEvery is how often a hold's watcher looks whether it was ended
 // otherwise than by its claimant's exit.
 const pollEvery = 100 * time.Millisecond
@@ -277,16 +281,10 @@ func (s *Share) holdLocked() bool {
 	if s.mu.claim == nil || s.served.Load() != 0 {
 		return false
 	}
-	nonce, err := handles.NewNonce()
-	if err != nil {
-		// Without a nonce the exporter cannot claim: assume the worst.
-		nonce = 0
-	}
-	self := handles.Claimant{PID: os.Getpid(), Nonce: nonce}
-	var w handles.Claimant
-	if nonce != 0 {
-		w, err = handles.ClaimFor(s.mu.claim, self)
-	}
+	// The exporter's own claim needs no secret: it only has to differ
+	// from an importer's, whose nonce has its top bit set.
+	self := handles.Claimant{PID: os.Getpid(), Nonce: exporterNonce}
+	w, err := handles.ClaimFor(s.mu.claim, self)
 	if err != nil || w == self {
 		return false
 	}

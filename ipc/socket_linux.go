@@ -102,8 +102,8 @@ func claimLease(d *handles.Descriptor, nonce uint64) (*handles.FD, error) {
 	}
 	if err = unix.Connect(raw, &unix.SockaddrUnix{Name: d.Endpoint}); err == nil {
 		var cred *unix.Ucred
-		if cred, err = unix.GetsockoptUcred(raw, unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil && int(cred.Pid) != d.ExporterPID {
-			err = fmt.Errorf("socket %q is served by pid %d, not the exporter pid %d: %w", d.Endpoint, cred.Pid, d.ExporterPID, ErrRefused)
+		if cred, err = unix.GetsockoptUcred(raw, unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			err = servedByExporter(d, cred)
 		}
 	}
 	if err == nil {
