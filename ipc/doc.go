@@ -139,6 +139,14 @@
 // share's Close is the word that they have let go. Exporter.Close ends
 // every lease.
 //
+// An importer ends its lease by half-closing the connection and waiting,
+// up to [LeaseAckWait], for the exporter to close its end, which the
+// exporter does only after it has dropped the lease. So when an importer's
+// last Close returns, the share's release has run if that was its last
+// lease: a consumer that then tells its producer it is done (a queue, a
+// pipe) never has the producer allocate past a block still pinned. An
+// exporter that does not answer in time costs the wait, no more.
+//
 // A share made for one importer ([Exporter.ShareBlockOnce], as libxseg makes
 // one per torch.multiprocessing message) is claimed instead of waited for.
 // Its authentication memfd names a claim memfd (handles.ClaimFor). The

@@ -95,31 +95,7 @@ func TestPidfdFetchedButNoSocket(t *testing.T) {
 func TestLeaseAnswerNeverComes(t *testing.T) {
 	requirePidfd(t)
 	requireNoFDLeak(t)
-	silent := "@xseg-silent-" + strconv.Itoa(os.Getpid())
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: silent, Net: "unixpacket"})
-	require.NoError(t, err)
-	var held []net.Conn
-	var mu sync.Mutex
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		require.NoError(t, ln.Close())
-		<-done
-		for _, c := range held {
-			_ = c.Close()
-		}
-	})
+	silent := silentListener(t, "@xseg-silent-")
 	e := newExporter(t, ExporterOptions{NoSocket: true})
 	s := smallShare(t, e, 1)
 	d := s.Descriptor()
@@ -127,7 +103,7 @@ func TestLeaseAnswerNeverComes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	t0 := time.Now()
-	_, err = Fetch(ctx, d, FetchOptions{Transports: []Transport{TransportPidfd}})
+	_, err := Fetch(ctx, d, FetchOptions{Transports: []Transport{TransportPidfd}})
 	took := time.Since(t0)
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
 	require.GreaterOrEqual(t, took, 150*time.Millisecond)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -117,4 +118,34 @@ func claimLease(d *handles.Descriptor, nonce uint64) (*handles.FD, error) {
 		return nil, errors.Join(fmt.Errorf("claimant's lease request to %q: %w", d.Endpoint, err), fd.Close())
 	}
 	return fd, nil
+}
+
+// awaitRawClose half-closes the raw socket fd and waits up to wait for
+// its peer to close its end, discarding what it reads (see endLease).
+func awaitRawClose(fd *handles.FD, wait time.Duration) {
+	raw := fd.Int()
+	if raw < 0 || unix.Shutdown(raw, unix.SHUT_WR) != nil {
+		return
+	}
+	deadline := time.Now().Add(wait)
+	var buf [64]byte
+	for {
+		n, err := unix.Read(raw, buf[:])
+		switch {
+		case err == nil && n == 0:
+			return // the peer closed
+		case err == nil || err == unix.EINTR:
+			continue
+		case err != unix.EAGAIN:
+			return
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return
+		}
+		pfd := []unix.PollFd{{Fd: int32(raw), Events: unix.POLLIN | unix.POLLRDHUP}}
+		if _, err := unix.Poll(pfd, int(left/time.Millisecond)+1); err != nil && err != unix.EINTR {
+			return
+		}
+	}
 }

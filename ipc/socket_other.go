@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"time"
 
 	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/vmm"
@@ -29,3 +30,5 @@ func recvMsg(*net.UnixConn, []byte) (int, []int, error) { return 0, nil, errNoSo
 func peerCred(*net.UnixConn) (*ucred, error)            { return nil, errNoSocket }
 
 func claimLease(*handles.Descriptor, uint64) (*handles.FD, error) { return nil, errNoSocket }
+
+func awaitRawClose(*handles.FD, time.Duration) {}

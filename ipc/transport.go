@@ -165,17 +165,18 @@ func (r *Received) Leased() bool { return r.lease != nil }
 // Close closes every FD still held and ends the lease. It is idempotent.
 func (r *Received) Close() error { return errors.Join(handles.CloseAll(r.FDs), r.EndLease()) }
 
-// EndLease ends r's lease, if it holds one, leaving its FDs open. It is
-// idempotent.
+// EndLease ends r's lease, if it holds one, leaving its FDs open. It
+// returns once the exporter has dropped the lease, or after LeaseAckWait
+// (see endLease). It is idempotent.
 func (r *Received) EndLease() error {
 	if r.pending != nil {
-		_ = r.pending.conn.Close()
+		_ = endLease(r.pending.conn)
 		r.pending = nil
 	}
 	if r.lease == nil {
 		return nil
 	}
-	err := r.lease.Close()
+	err := endLease(r.lease)
 	r.lease = nil
 	if err != nil {
 		return fmt.Errorf("ending the lease: %w", err)
