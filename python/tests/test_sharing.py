@@ -39,9 +39,14 @@ for line in sys.stdin:
         q = xseg.malloc(%d)  # the shared pages stay out of reuse
         ctypes.memset(q, 0x11, %d)
         print(json.dumps(q != p))
+    elif cmd == "reuse":
+        xseg.free(p)
+        q = xseg.malloc(%d)  # the block again, if no lease pins it
+        print(json.dumps(q == p))
+        p = q
     elif cmd == "exit":
         break
-""" % (SIZE, SIZE, SIZE, SIZE, SIZE)
+""" % (SIZE, SIZE, SIZE, SIZE, SIZE, SIZE)
 
 # An importer: opens the descriptor (argv[1], hex), reads the block, writes
 # 0x3C at both ends, prints what it saw; or the error.
@@ -297,3 +302,26 @@ def test_racing_importers_of_a_share_for_one(spawn_py, run_py):
     assert "no share" in got[1 - won[0]]["error"] or "held for another" in got[1 - won[0]]["error"], got
     exp.send("exit")
     assert exp.finish()[0] == 0
+
+
+def test_lease_ended_by_the_time_close_returns(spawn_py):
+    """An importer closes its mapping of a share for one and, still alive,
+    says so; the exporter, told right after, frees the block and allocates
+    the size again: it gets the same block, because the importer's close
+    returned only once the exporter had dropped the lease (no unpin racing
+    the next allocation, as a torch.multiprocessing producer's would)."""
+    for _ in range(3):
+        exp, desc = _start_exporter(spawn_py, importers=1)
+        imp = spawn_py("""
+            m = xseg.open_block(bytes.fromhex(sys.argv[1]))
+            m.close()
+            print(json.dumps("closed"))
+            sys.stdin.readline()
+        """, args=[desc])
+        assert imp.recv_json() == "closed"
+        exp.send("reuse")
+        assert exp.recv_json() is True, "the block was still pinned after the importer's close"
+        imp.send("exit")
+        assert imp.finish()[0] == 0
+        exp.send("exit")
+        assert exp.finish()[0] == 0

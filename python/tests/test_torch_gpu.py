@@ -225,6 +225,43 @@ def test_multiprocessing_queue():
     assert r["code"] == 0
 
 
+def test_multiprocessing_tensor_kinds():
+    """Tensors of every kind the reducer meets arrive as they left: values,
+    dtype, shape, strides, storage offset, storage size, requires_grad and
+    class. Whole C-order tensors of a type the array interface names take
+    the one-tensor path; the others (bfloat16, a transposed view, an offset
+    view, size-1 dimensions with other strides) the storage-and-set_ one."""
+    r = run("""
+        import torch.multiprocessing as mp
+        def desc(t):
+            return (t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.untyped_storage().nbytes(),
+                    t.requires_grad, type(t).__name__, float(t.detach().double().sum()))
+        def child(q, r):
+            for _ in range(int(q.get())):
+                r.put(desc(q.get()))
+        if __name__ == "__main__":
+            base = torch.arange(6 * 8, device="cuda", dtype=torch.float32).view(6, 8)
+            kinds = [base.clone(), base.to(torch.bfloat16), base.to(torch.int64), base.t(), base[2:],
+                     base.clone().as_strided((6, 1, 8), (8, 5, 1)), base.to(torch.bool),
+                     torch.nn.Parameter(base.clone()), base.clone().requires_grad_(),
+                     torch.tensor(3.5, device="cuda"), base.to(torch.complex64)]
+            ctx = mp.get_context("spawn")
+            q, res = ctx.Queue(), ctx.Queue()
+            p = ctx.Process(target=child, args=(q, res))
+            p.start()
+            q.put(len(kinds))
+            got = []
+            for t in kinds:
+                q.put(t)
+                got.append(res.get(timeout=120))
+            p.join(60)
+            want = [desc(t) for t in kinds]
+            out(same=[str(g) == str(w) for g, w in zip(got, want)], got=str(got), want=str(want), code=p.exitcode)
+        """)
+    assert all(r["same"]), (r["got"], r["want"])
+    assert r["code"] == 0
+
+
 def test_uninstall_and_context_manager_exit_quietly():
     r = run("""
         a = torch.empty(100 << 20, dtype=torch.uint8, device="cuda")

@@ -405,32 +405,41 @@ unshare = _lib.unshare
 
 class _Opened:
     """An open mapping exposed through __cuda_array_interface__; the tensors
-    over it keep it alive, the last one to go closes it."""
+    over it keep it alive, the last one to go closes it. By default its
+    bytes, all of them; or its first elements of CAI type typestr in
+    shape (C order)."""
 
-    def __init__(self, m: _lib.Mapping) -> None:
+    def __init__(self, m: _lib.Mapping, typestr: str = "|u1", shape: Optional[Tuple[int, ...]] = None) -> None:
         self.mapping = m
-        self.__cuda_array_interface__ = {"shape": (m.size,), "typestr": "|u1", "data": (m.ptr, False),
-                                         "version": 3, "strides": None, "stream": None}
+        self.__cuda_array_interface__ = {"shape": (m.size,) if shape is None else shape, "typestr": typestr,
+                                         "data": (m.ptr, False), "version": 3, "strides": None, "stream": None}
 
 
 _cuda_devices: Dict[int, Any] = {}  # ordinal -> torch.device("cuda", ordinal)
 
 
-def _open_bytes(desc: bytes, dev: int) -> Any:
+def _open_bytes(desc: bytes, dev: int, typestr: str = "|u1", shape: Optional[Tuple[int, ...]] = None,
+                nbytes: int = 0) -> Any:
+    """Map desc on device dev and return a tensor over the mapping: its
+    bytes, or (typestr, shape) as _Opened takes them, of nbytes bytes,
+    which the block must hold."""
     torch = _torch()
     if not torch.cuda.is_initialized():
         torch.cuda.init()
     # The tensor is built while the exporter answers the lease request;
     # nobody reads it before wait() has seen the lease granted.
     m = _lib.open_block(desc, dev, wait=False)
+    if nbytes > m.size:
+        m.close()
+        raise XsegError(f"xseg: the shared block has {m.size} bytes, the tensor's storage {nbytes}")
     where = _cuda_devices.get(dev)
     if where is None:
         where = _cuda_devices[dev] = torch.device("cuda", dev)
     if torch.cuda.current_device() == dev:  # the usual case: no device switch
-        t = torch.as_tensor(_Opened(m), device=where)
+        t = torch.as_tensor(_Opened(m, typestr, shape), device=where)
     else:
         with torch.cuda.device(dev):
-            t = torch.as_tensor(_Opened(m), device=where)
+            t = torch.as_tensor(_Opened(m, typestr, shape), device=where)
     try:
         m.wait()
     except BaseException:
@@ -463,18 +472,58 @@ def _rebuild_tensor(cls: Any, desc: bytes, device: int, nbytes: int, dtype: Any,
     block and rebuild the tensor over it (this module is imported by the
     unpickler, so the consumer needs no install())."""
     torch = _torch()
-    raw = _open_bytes(desc, device)
-    if nbytes > raw.numel():
-        raise XsegError(f"xseg: the shared block has {raw.numel()} bytes, the tensor's storage {nbytes}")
-    # raw's device and no allocation: new_empty skips parsing a device.
-    t = raw.new_empty((0,), dtype=dtype)
-    t.set_(raw.untyped_storage(), offset, size, stride)
+    typestr = _typestr(dtype)
+    if typestr is not None and offset == 0 and _c_order(size, stride) and _numel(size) * dtype.itemsize == nbytes:
+        # The tensor is its whole storage, in C order, of a type the
+        # array interface names: __cuda_array_interface__ makes it as it
+        # is, one tensor and no set_.
+        t = _open_bytes(desc, device, typestr, tuple(size), nbytes)
+    else:
+        # The storage's bytes, as many as the producer's storage had.
+        raw = _open_bytes(desc, device, shape=(nbytes,), nbytes=nbytes)
+        # raw's device and no allocation: new_empty skips parsing a device.
+        t = raw.new_empty((0,), dtype=dtype)
+        t.set_(raw.untyped_storage(), offset, size, stride)
     if cls is torch.nn.parameter.Parameter:
         return torch.nn.parameter.Parameter(t, requires_grad=requires_grad)
     if cls is not torch.Tensor:
         t = t.as_subclass(cls)
     t.requires_grad_(requires_grad)
     return t
+
+
+_typestrs: Dict[Any, str] = {}  # torch dtype -> __cuda_array_interface__ typestr
+
+
+def _typestr(dtype: Any) -> Optional[str]:
+    """The array interface's type string of dtype, or None (bfloat16 and
+    the float8 types have none)."""
+    if not _typestrs:
+        torch = _torch()
+        for d, ts in ((torch.float32, "<f4"), (torch.float16, "<f2"), (torch.float64, "<f8"),
+                      (torch.int64, "<i8"), (torch.int32, "<i4"), (torch.int16, "<i2"), (torch.int8, "|i1"),
+                      (torch.uint8, "|u1"), (torch.bool, "|b1"), (torch.complex64, "<c8"),
+                      (torch.complex128, "<c16")):
+            _typestrs[d] = ts
+    return _typestrs.get(dtype)
+
+
+def _numel(size: Any) -> int:
+    n = 1
+    for d in size:
+        n *= d
+    return n
+
+
+def _c_order(size: Any, stride: Any) -> bool:
+    """Whether stride is exactly size's C-order strides, in elements (what
+    a tensor built without strides gets)."""
+    want = 1
+    for d, st in zip(reversed(size), reversed(stride)):
+        if st != want:
+            return False
+        want *= d
+    return True
 
 
 def _reduce_tensor(tensor: Any) -> Any:
