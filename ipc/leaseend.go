@@ -3,6 +3,7 @@ package ipc
 import (
 	"io"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/xseg-dev/xseg/handles"
@@ -11,6 +12,18 @@ import (
 // LeaseAckWait bounds how long ending a lease waits for the exporter to
 // close its end of the connection (see endLease).
 const LeaseAckWait = 20 * time.Millisecond
+
+// ackWait, when positive, replaces LeaseAckWait (nanoseconds): tests that
+// assert the exporter's close was awaited raise it, so that a loaded
+// machine cannot turn the bound into a failure.
+var ackWait atomic.Int64
+
+func leaseAckWait() time.Duration {
+	if w := ackWait.Load(); w > 0 {
+		return time.Duration(w)
+	}
+	return LeaseAckWait
+}
 
 // endLease ends the lease that connection c holds. It half-closes c, so
 // that the exporter reads the end of the lease, and waits up to
@@ -27,7 +40,7 @@ const LeaseAckWait = 20 * time.Millisecond
 func endLease(c io.Closer) error {
 	switch c := c.(type) {
 	case *net.UnixConn:
-		if c.CloseWrite() == nil && c.SetReadDeadline(time.Now().Add(LeaseAckWait)) == nil {
+		if c.CloseWrite() == nil && c.SetReadDeadline(time.Now().Add(leaseAckWait())) == nil {
 			var buf [64]byte
 			for {
 				if _, err := c.Read(buf[:]); err != nil {
@@ -36,7 +49,7 @@ func endLease(c io.Closer) error {
 			}
 		}
 	case *handles.FD:
-		awaitRawClose(c, LeaseAckWait)
+		awaitRawClose(c, leaseAckWait())
 	}
 	return c.Close()
 }
