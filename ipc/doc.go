@@ -140,7 +140,7 @@
 // every lease.
 //
 // An importer ends its lease by half-closing the connection and waiting,
-// up to [LeaseAckWait], for the exporter to close its end, which the
+// up to [FetchOptions.LeaseAckWait] ([LeaseAckWait] by default), for the exporter to close its end, which the
 // exporter does only after it has dropped the lease. So when an importer's
 // last Close returns, the share's release has run if that was its last
 // lease: a consumer that then tells its producer it is done (a queue, a

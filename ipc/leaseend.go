@@ -3,31 +3,20 @@ package ipc
 import (
 	"io"
 	"net"
-	"sync/atomic"
 	"time"
 
 	"github.com/xseg-dev/xseg/handles"
 )
 
-// LeaseAckWait bounds how long ending a lease waits for the exporter to
-// close its end of the connection (see endLease).
+// LeaseAckWait is how long ending a lease waits, by default, for the
+// exporter to close its end of the connection (see endLease and
+// FetchOptions.LeaseAckWait).
 const LeaseAckWait = 20 * time.Millisecond
 
-// ackWait, when positive, replaces LeaseAckWait (nanoseconds): tests that
-// assert the exporter's close was awaited raise it, so that a loaded
-// machine cannot turn the bound into a failure.
-var ackWait atomic.Int64
-
-func leaseAckWait() time.Duration {
-	if w := ackWait.Load(); w > 0 {
-		return time.Duration(w)
-	}
-	return LeaseAckWait
-}
-
 // endLease ends the lease that connection c holds. It half-closes c, so
-// that the exporter reads the end of the lease, and waits up to
-// LeaseAckWait for the exporter to close its end, which the exporter does
+// that the exporter reads the end of the lease, and waits up to wait
+// (LeaseAckWait if 0; not at all if negative) for the exporter to close
+// its end, which the exporter does
 // only once it has dropped the lease: unpinned the block if that was the
 // share's last lease. So when the last Mapping of a share closes, the
 // producer's next allocation can reuse the block at once, and a consumer
@@ -37,10 +26,16 @@ func leaseAckWait() time.Duration {
 // not answer in time (stopped, or slow) costs the wait and nothing else:
 // the lease ends anyway when c closes. c is closed on return; the error
 // is its Close's.
-func endLease(c io.Closer) error {
+func endLease(c io.Closer, wait time.Duration) error {
+	if wait == 0 {
+		wait = LeaseAckWait
+	}
+	if wait < 0 {
+		return c.Close()
+	}
 	switch c := c.(type) {
 	case *net.UnixConn:
-		if c.CloseWrite() == nil && c.SetReadDeadline(time.Now().Add(leaseAckWait())) == nil {
+		if c.CloseWrite() == nil && c.SetReadDeadline(time.Now().Add(wait)) == nil {
 			var buf [64]byte
 			for {
 				if _, err := c.Read(buf[:]); err != nil {
@@ -49,7 +44,7 @@ func endLease(c io.Closer) error {
 			}
 		}
 	case *handles.FD:
-		awaitRawClose(c, leaseAckWait())
+		awaitRawClose(c, wait)
 	}
 	return c.Close()
 }

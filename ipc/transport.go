@@ -99,6 +99,13 @@ type FetchOptions struct {
 	// automatic: fabric for a fabric descriptor, cuda-ipc for a cuda-ipc
 	// one, else pidfd then socket.
 	Transports []Transport
+	// LeaseAckWait bounds how long ending the lease (the importer's last
+	// Close, Received.EndLease) waits for the exporter to close its end of
+	// the lease's connection, which it does once it has dropped the lease:
+	// 0 is LeaseAckWait, a negative value does not wait. Waiting lets a
+	// consumer tell its producer it is done knowing the producer has the
+	// block back.
+	LeaseAckWait time.Duration
 }
 
 // Received holds the page handles an importer obtained: one per page, in
@@ -126,6 +133,8 @@ type Received struct {
 	// importer maps while the exporter answers); awaitLease makes it the
 	// lease.
 	pending *pendingLease
+	// ackWait is FetchOptions.LeaseAckWait.
+	ackWait time.Duration
 	// claimed: this importer won the share's claim (handles.ClaimFor)
 	// and its request says so: the exporter holds the pages for it until
 	// the request is served, so the answer need not be awaited.
@@ -166,17 +175,17 @@ func (r *Received) Leased() bool { return r.lease != nil }
 func (r *Received) Close() error { return errors.Join(handles.CloseAll(r.FDs), r.EndLease()) }
 
 // EndLease ends r's lease, if it holds one, leaving its FDs open. It
-// returns once the exporter has dropped the lease, or after LeaseAckWait
-// (see endLease). It is idempotent.
+// returns once the exporter has dropped the lease, or after
+// FetchOptions.LeaseAckWait (see endLease). It is idempotent.
 func (r *Received) EndLease() error {
 	if r.pending != nil {
-		_ = endLease(r.pending.conn)
+		_ = endLease(r.pending.conn, r.ackWait)
 		r.pending = nil
 	}
 	if r.lease == nil {
 		return nil
 	}
-	err := endLease(r.lease)
+	err := endLease(r.lease, r.ackWait)
 	r.lease = nil
 	if err != nil {
 		return fmt.Errorf("ending the lease: %w", err)
@@ -208,6 +217,9 @@ func fetch(ctx context.Context, d *handles.Descriptor, opts FetchOptions, deferL
 	var errs []error
 	for _, t := range order {
 		r, err := fetchVia(ctx, t, d)
+		if err == nil {
+			r.ackWait = opts.LeaseAckWait
+		}
 		if err == nil && !deferLease {
 			if err = r.awaitLease(); err != nil {
 				_ = r.Close()

@@ -31,7 +31,31 @@ const (
 	// share of the same allocations (ipc.ImporterOptions.KeepFor):
 	// defaultImportKeep when unset, 0 to keep none.
 	envImportKeep = "XSEG_IMPORT_KEEP_MS"
+	// envLeaseAck is how long, in milliseconds, closing an opened block
+	// waits for its exporter to end the lease (ipc.FetchOptions.LeaseAckWait):
+	// ipc.LeaseAckWait when unset, 0 not to wait.
+	envLeaseAck = "XSEG_LEASE_ACK_MS"
 )
+
+// maxLeaseAck bounds XSEG_LEASE_ACK_MS: a minute.
+const maxLeaseAck = time.Minute
+
+// leaseAckFromEnv reads XSEG_LEASE_ACK_MS as an ipc.FetchOptions.LeaseAckWait:
+// 0 (the default wait) when unset, negative (no wait) for "0".
+func leaseAckFromEnv(getenv func(string) string) (time.Duration, error) {
+	s := strings.TrimSpace(getenv(envLeaseAck))
+	if s == "" {
+		return 0, nil
+	}
+	ms, err := strconv.ParseUint(s, 10, 32)
+	if err != nil || time.Duration(ms)*time.Millisecond > maxLeaseAck {
+		return 0, fmt.Errorf("%s=%q: want whole milliseconds from 0 to %d: %w", envLeaseAck, bounded(s), maxLeaseAck.Milliseconds(), vmm.ErrInvalid)
+	}
+	if ms == 0 {
+		return -1, nil
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
 
 // defaultImportKeep is the KeepFor of the library's importer when
 // XSEG_IMPORT_KEEP_MS is unset.

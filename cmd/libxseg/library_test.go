@@ -365,6 +365,25 @@ func TestLibraryClosedWhileWaitingMessage(t *testing.T) {
 	require.Equal(t, 1, strings.Count(err.Error(), "allocating 104857600 bytes"), err.Error())
 }
 
+// TestLeaseAckFromEnv: XSEG_LEASE_ACK_MS unset is ipc's default wait (0),
+// 0 is no wait (negative), whole milliseconds up to a minute are taken, the
+// rest is an error that names the variable.
+func TestLeaseAckFromEnv(t *testing.T) {
+	d, err := leaseAckFromEnv(env{}.get)
+	require.NoError(t, err)
+	require.Zero(t, d)
+	for s, want := range map[string]time.Duration{"0": -1, " 5 ": 5 * time.Millisecond, "60000": time.Minute} {
+		d, err := leaseAckFromEnv(env{envLeaseAck: s}.get)
+		require.NoError(t, err, s)
+		require.Equal(t, want, d, s)
+	}
+	for _, s := range []string{"-1", "1.5", "20ms", "60001", "99999999999999999999", "x"} {
+		_, err := leaseAckFromEnv(env{envLeaseAck: s}.get)
+		require.ErrorIs(t, err, vmm.ErrInvalid, s)
+		require.ErrorContains(t, err, envLeaseAck, s)
+	}
+}
+
 // TestImportKeepFromEnv: XSEG_IMPORT_KEEP_MS unset is the default, 0
 // keeps nothing, whole milliseconds up to an hour are taken, the rest is
 // an error that names the variable.

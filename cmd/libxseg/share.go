@@ -33,6 +33,7 @@ type sharing struct {
 		exp      *ipc.Exporter
 		shares   map[string]*ipc.Share // by hex of the descriptor
 		imp      *ipc.Importer
+		ackWait  time.Duration // XSEG_LEASE_ACK_MS, read with imp
 		mappings map[int64]*ipc.Mapping
 		next     int64
 	}
@@ -125,11 +126,11 @@ func (s *sharing) open(desc []byte, device int, deferLease bool) (int64, *ipc.Ma
 	if _, err := lib.allocator(device); err != nil { // starts the driver
 		return 0, nil, err
 	}
-	imp, err := s.importer()
+	imp, ack, err := s.importer()
 	if err != nil {
 		return 0, nil, err
 	}
-	m, err := imp.Open(context.Background(), desc, vmm.Device(device), ipc.OpenOptions{DeferLease: deferLease})
+	m, err := imp.Open(context.Background(), desc, vmm.Device(device), ipc.OpenOptions{DeferLease: deferLease, Fetch: ipc.FetchOptions{LeaseAckWait: ack}})
 	if err != nil {
 		return 0, nil, err
 	}
@@ -150,26 +151,32 @@ func (s *sharing) open(desc []byte, device int, deferLease bool) (int64, *ipc.Ma
 }
 
 // importer returns the importer of the library's driver, which has
-// started (the driver never changes after that). It keeps closed
-// mappings for XSEG_IMPORT_KEEP_MS (ipc.ImporterOptions.KeepFor); a value
-// it cannot read is an error of every open.
-func (s *sharing) importer() (*ipc.Importer, error) {
+// started (the driver never changes after that), and the lease-end wait
+// of its opens. It keeps closed mappings for XSEG_IMPORT_KEEP_MS
+// (ipc.ImporterOptions.KeepFor) and waits XSEG_LEASE_ACK_MS for the
+// exporter when a lease ends (ipc.FetchOptions.LeaseAckWait); a value it
+// cannot read is an error of every open.
+func (s *sharing) importer() (*ipc.Importer, time.Duration, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.imp == nil {
 		keep, err := importKeepFromEnv(lib.getenv)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
+		}
+		ack, err := leaseAckFromEnv(lib.getenv)
+		if err != nil {
+			return nil, 0, err
 		}
 		imp, err := ipc.NewImporterWith(lib.driver(), ipc.ImporterOptions{KeepFor: keep, OnError: func(err error) {
 			lib.log.Warn("xseg: dropping a kept mapping", "err", err)
 		}})
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		s.mu.imp = imp
+		s.mu.imp, s.mu.ackWait = imp, ack
 	}
-	return s.mu.imp, nil
+	return s.mu.imp, s.mu.ackWait, nil
 }
 
 // dropKept tears down the mappings the importer keeps, if it was made.

@@ -163,7 +163,10 @@ int xseg_unshare(const void* desc, size_t len);
  * XSEG_IMPORT_KEEP_MS milliseconds (read at the first open; default 1000,
  * 0: none), at most eight of them, and a later share of the same exporter
  * allocations opens on it without mapping again; xseg_empty_cache drops
- * them, so memory their exporter released returns to the device. */
+ * them, so memory their exporter released returns to the device. The
+ * close that ends the lease waits, up to XSEG_LEASE_ACK_MS milliseconds
+ * (read at the first open; default 20, 0: no wait), for the exporter to
+ * drop it, so that the exporter's next allocation can reuse the block. */
 int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size);
 int xseg_close(int64_t handle);
 

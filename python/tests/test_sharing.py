@@ -317,7 +317,7 @@ def test_lease_ended_by_the_time_close_returns(spawn_py):
             m.close()
             print(json.dumps("closed"))
             sys.stdin.readline()
-        """, args=[desc])
+        """, args=[desc], env={"XSEG_LEASE_ACK_MS": "60000"})  # no time bound to trip a loaded machine
         assert imp.recv_json() == "closed"
         exp.send("reuse")
         assert exp.recv_json() is True, "the block was still pinned after the importer's close"
@@ -325,3 +325,16 @@ def test_lease_ended_by_the_time_close_returns(spawn_py):
         assert imp.finish()[0] == 0
         exp.send("exit")
         assert exp.finish()[0] == 0
+
+
+def test_bad_lease_ack_wait_is_an_open_error(spawn_py, run_py):
+    """XSEG_LEASE_ACK_MS that is not whole milliseconds up to a minute makes
+    the open fail with an error that names it, and opens nothing."""
+    exp, desc = _start_exporter(spawn_py, importers=0)
+    for bad in ("-1", "2.5", "60001", "soon"):
+        got = last_json(run_py(IMPORTER, args=[desc], env={"XSEG_LEASE_ACK_MS": bad}))
+        assert "XSEG_LEASE_ACK_MS" in got.get("error", ""), (bad, got)
+    ok = last_json(run_py(IMPORTER, args=[desc], env={"XSEG_LEASE_ACK_MS": "0"}))
+    assert ok.get("seen", [None])[0] in (A5, C3), ok
+    exp.send("exit")
+    assert exp.finish()[0] == 0
