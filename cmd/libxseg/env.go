@@ -43,18 +43,11 @@ const maxLeaseAck = time.Minute
 // leaseAckFromEnv reads XSEG_LEASE_ACK_MS as an ipc.FetchOptions.LeaseAckWait:
 // 0 (the default wait) when unset, negative (no wait) for "0".
 func leaseAckFromEnv(getenv func(string) string) (time.Duration, error) {
-	s := strings.TrimSpace(getenv(envLeaseAck))
-	if s == "" {
-		return 0, nil
-	}
-	ms, err := strconv.ParseUint(s, 10, 32)
-	if err != nil || time.Duration(ms)*time.Millisecond > maxLeaseAck {
-		return 0, fmt.Errorf("%s=%q: want whole milliseconds from 0 to %d: %w", envLeaseAck, bounded(s), maxLeaseAck.Milliseconds(), vmm.ErrInvalid)
-	}
-	if ms == 0 {
+	d, set, err := millisFromEnv(getenv, envLeaseAck, maxLeaseAck)
+	if set && err == nil && d == 0 {
 		return -1, nil
 	}
-	return time.Duration(ms) * time.Millisecond, nil
+	return d, err
 }
 
 // defaultImportKeep is the KeepFor of the library's importer when
@@ -66,15 +59,26 @@ const maxImportKeep = time.Hour
 
 // importKeepFromEnv reads XSEG_IMPORT_KEEP_MS.
 func importKeepFromEnv(getenv func(string) string) (time.Duration, error) {
-	s := strings.TrimSpace(getenv(envImportKeep))
+	d, set, err := millisFromEnv(getenv, envImportKeep, maxImportKeep)
+	if !set {
+		return defaultImportKeep, err
+	}
+	return d, err
+}
+
+// millisFromEnv reads variable name as whole milliseconds from 0 to max;
+// set reports whether it was set. A value it cannot read is an error that
+// names the variable.
+func millisFromEnv(getenv func(string) string, name string, max time.Duration) (d time.Duration, set bool, err error) {
+	s := strings.TrimSpace(getenv(name))
 	if s == "" {
-		return defaultImportKeep, nil
+		return 0, false, nil
 	}
 	ms, err := strconv.ParseUint(s, 10, 32)
-	if err != nil || time.Duration(ms)*time.Millisecond > maxImportKeep {
-		return 0, fmt.Errorf("%s=%q: want whole milliseconds from 0 to %d: %w", envImportKeep, bounded(s), maxImportKeep.Milliseconds(), vmm.ErrInvalid)
+	if err != nil || time.Duration(ms)*time.Millisecond > max {
+		return 0, true, fmt.Errorf("%s=%q: want whole milliseconds from 0 to %d: %w", name, bounded(s), max.Milliseconds(), vmm.ErrInvalid)
 	}
-	return time.Duration(ms) * time.Millisecond, nil
+	return time.Duration(ms) * time.Millisecond, true, nil
 }
 
 // levelOff is a level above every record's: nothing is logged.

@@ -365,40 +365,37 @@ func TestLibraryClosedWhileWaitingMessage(t *testing.T) {
 	require.Equal(t, 1, strings.Count(err.Error(), "allocating 104857600 bytes"), err.Error())
 }
 
-// TestLeaseAckFromEnv: XSEG_LEASE_ACK_MS unset is ipc's default wait (0),
-// 0 is no wait (negative), whole milliseconds up to a minute are taken, the
-// rest is an error that names the variable.
-func TestLeaseAckFromEnv(t *testing.T) {
-	d, err := leaseAckFromEnv(env{}.get)
-	require.NoError(t, err)
-	require.Zero(t, d)
-	for s, want := range map[string]time.Duration{"0": -1, " 5 ": 5 * time.Millisecond, "60000": time.Minute} {
-		d, err := leaseAckFromEnv(env{envLeaseAck: s}.get)
-		require.NoError(t, err, s)
-		require.Equal(t, want, d, s)
-	}
-	for _, s := range []string{"-1", "1.5", "20ms", "60001", "99999999999999999999", "x"} {
-		_, err := leaseAckFromEnv(env{envLeaseAck: s}.get)
-		require.ErrorIs(t, err, vmm.ErrInvalid, s)
-		require.ErrorContains(t, err, envLeaseAck, s)
-	}
-}
-
-// TestImportKeepFromEnv: XSEG_IMPORT_KEEP_MS unset is the default, 0
-// keeps nothing, whole milliseconds up to an hour are taken, the rest is
-// an error that names the variable.
-func TestImportKeepFromEnv(t *testing.T) {
-	d, err := importKeepFromEnv(env{}.get)
-	require.NoError(t, err)
-	require.Equal(t, defaultImportKeep, d)
-	for s, want := range map[string]time.Duration{"0": 0, " 250 ": 250 * time.Millisecond, "3600000": time.Hour} {
-		d, err := importKeepFromEnv(env{envImportKeep: s}.get)
-		require.NoError(t, err, s)
-		require.Equal(t, want, d, s)
-	}
-	for _, s := range []string{"-1", "1.5", "1s", "3600001", "99999999999999999999", "x"} {
-		_, err := importKeepFromEnv(env{envImportKeep: s}.get)
-		require.ErrorIs(t, err, vmm.ErrInvalid, s)
-		require.ErrorContains(t, err, envImportKeep, s)
+// TestMillisFromEnv: XSEG_IMPORT_KEEP_MS and XSEG_LEASE_ACK_MS unset are
+// their defaults (1 s kept; ipc's default wait, 0), "0" keeps nothing and
+// does not wait (negative), whole milliseconds up to each one's bound are
+// taken, the rest is an error that names the variable.
+func TestMillisFromEnv(t *testing.T) {
+	for _, v := range []struct {
+		name  string
+		read  func(func(string) string) (time.Duration, error)
+		unset time.Duration
+		ok    map[string]time.Duration
+		bad   []string
+	}{
+		{envImportKeep, importKeepFromEnv, defaultImportKeep,
+			map[string]time.Duration{"0": 0, " 250 ": 250 * time.Millisecond, "3600000": time.Hour},
+			[]string{"-1", "1.5", "1s", "3600001", "99999999999999999999", "x"}},
+		{envLeaseAck, leaseAckFromEnv, 0,
+			map[string]time.Duration{"0": -1, " 5 ": 5 * time.Millisecond, "60000": time.Minute},
+			[]string{"-1", "2.5", "20ms", "60001", "99999999999999999999", "x"}},
+	} {
+		d, err := v.read(env{}.get)
+		require.NoError(t, err, v.name)
+		require.Equal(t, v.unset, d, v.name)
+		for s, want := range v.ok {
+			d, err := v.read(env{v.name: s}.get)
+			require.NoError(t, err, "%s=%s", v.name, s)
+			require.Equal(t, want, d, "%s=%s", v.name, s)
+		}
+		for _, s := range v.bad {
+			_, err := v.read(env{v.name: s}.get)
+			require.ErrorIs(t, err, vmm.ErrInvalid, "%s=%s", v.name, s)
+			require.ErrorContains(t, err, v.name, s)
+		}
 	}
 }
