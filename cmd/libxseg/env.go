@@ -66,17 +66,17 @@ func importKeepFromEnv(getenv func(string) string) (time.Duration, error) {
 	return d, err
 }
 
-// millisFromEnv reads variable name as whole milliseconds from 0 to max;
+// millisFromEnv reads variable name as whole milliseconds from 0 to limit;
 // set reports whether it was set. A value it cannot read is an error that
 // names the variable.
-func millisFromEnv(getenv func(string) string, name string, max time.Duration) (d time.Duration, set bool, err error) {
+func millisFromEnv(getenv func(string) string, name string, limit time.Duration) (d time.Duration, set bool, err error) {
 	s := strings.TrimSpace(getenv(name))
 	if s == "" {
 		return 0, false, nil
 	}
 	ms, err := strconv.ParseUint(s, 10, 32)
-	if err != nil || time.Duration(ms)*time.Millisecond > max {
-		return 0, true, fmt.Errorf("%s=%q: want whole milliseconds from 0 to %d: %w", name, bounded(s), max.Milliseconds(), vmm.ErrInvalid)
+	if err != nil || time.Duration(ms)*time.Millisecond > limit {
+		return 0, true, fmt.Errorf("%s=%q: want whole milliseconds from 0 to %d: %w", name, bounded(s), limit.Milliseconds(), vmm.ErrInvalid)
 	}
 	return time.Duration(ms) * time.Millisecond, true, nil
 }
