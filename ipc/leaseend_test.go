@@ -173,3 +173,33 @@ func socketPair() (*handles.FD, *handles.FD, error) {
 	b, _ := handles.NewFD(p[1])
 	return a, b, nil
 }
+
+// TestLeaseEndFloodingExporter: an exporter that keeps sending and never
+// closes holds ending the lease no longer than the wait.
+func TestLeaseEndFloodingExporter(t *testing.T) {
+	requireNoFDLeak(t)
+	a, b, err := socketPair()
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		msg := []byte("XSRS flood")
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, _ = unix.Write(b.Int(), msg) // EAGAIN when full: the reader drains it
+		}
+	}()
+	t0 := time.Now()
+	require.NoError(t, endLease(a, 200*time.Millisecond))
+	took := time.Since(t0)
+	close(stop)
+	<-done
+	require.NoError(t, b.Close())
+	require.GreaterOrEqual(t, took, 200*time.Millisecond)
+	require.Less(t, took, 2*time.Second)
+}

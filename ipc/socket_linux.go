@@ -134,14 +134,17 @@ func awaitRawClose(fd *handles.FD, wait time.Duration) {
 		switch {
 		case err == nil && n == 0:
 			return // the peer closed
-		case err == nil || err == unix.EINTR:
-			continue
-		case err != unix.EAGAIN:
+		case err != nil && err != unix.EAGAIN && err != unix.EINTR:
 			return
 		}
+		// Also after a read: a peer that keeps sending must not hold
+		// this past the deadline.
 		left := time.Until(deadline)
 		if left <= 0 {
 			return
+		}
+		if err == nil || err == unix.EINTR {
+			continue
 		}
 		pfd := []unix.PollFd{{Fd: int32(raw), Events: unix.POLLIN | unix.POLLRDHUP}}
 		if _, err := unix.Poll(pfd, int(left/time.Millisecond)+1); err != nil && err != unix.EINTR {
