@@ -23,7 +23,9 @@ XSEG_IMPORT_KEEP_MS; go_claimed: 1 where it claimed the share for one
 importer and so waited for no answer from the producer); what open has beyond
 their sum is ctypes, cgo, descriptor parsing and the debug line itself (a
 few us, inside open_block).
-Medians of 5 rounds after a warm-up, in ms. Prints RESULT <json>.
+to_reduce, in both modes, is put -> the tensor's reducer starting in the
+feeder thread (the reducer the pickler has for torch.Tensor, wrapped).
+Medians of 5 rounds (MP_N) after a warm-up, in ms. Prints RESULT <json>.
 """
 import json
 import os
@@ -94,12 +96,22 @@ def produce(mode):
         # itself with the pickler: wrapping the module's name would not
         # time it).
         _wrap(torch.cuda.Stream, "synchronize", log, "sync")
+    # When the feeder thread reaches the tensor's reducer, in both modes:
+    # the reducer registered for torch.Tensor (PyTorch's, or install()'s)
+    # wrapped where the pickler looks it up.
+    from multiprocessing.reduction import ForkingPickler
+    reducer = ForkingPickler._extra_reducers[torch.Tensor]
+
+    def timed_reducer(t):
+        log.setdefault("reduce", []).append((time.monotonic(), 0.0))
+        return reducer(t)
+    ForkingPickler.register(torch.Tensor, timed_reducer)
     ctx = tmp.get_context("spawn")
     q_in, q_out = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=_consumer, args=(mode, q_in, q_out))
     p.start()
     rows = []
-    for i in range(6):
+    for i in range(1 + int(os.environ.get("MP_N", "5"))):
         t = torch.full((N,), float(i + 1), device="cuda")
         torch.cuda.synchronize()
         log.clear()
@@ -111,6 +123,8 @@ def produce(mode):
             continue
         ms = lambda a, b: (b - a) * 1e3  # noqa: E731
         row = {"total": ms(t0, r["t1"]), "ok": r["ok"], "drop": r["drop_ms"]}
+        if "reduce" in log:
+            row["to_reduce"] = ms(t0, log["reduce"][0][0])
         reb = r["log"].get("rebuild", [(t0, t0)])[0]
         if "share" in log:
             s0, s1 = log["share"][0]
