@@ -17,6 +17,7 @@ import (
 	"github.com/xseg-dev/xseg/expandable"
 	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/cuda"
 	"github.com/xseg-dev/xseg/vmm/host"
 )
 
@@ -161,12 +162,22 @@ func quantile(ds []time.Duration, q float64) float64 {
 }
 
 // BenchmarkShareBlock is the producer's side of a torch.multiprocessing
-// message (host backend): Exporter.ShareBlock or ShareBlockOnce of a live
-// block of a shareable allocator (its page's export kept from the first
-// share, as the allocator keeps it), the descriptor marshalled, then the
-// share closed, which unpins the block.
+// message: Exporter.ShareBlock or ShareBlockOnce of a live block of a
+// shareable allocator (its allocations' exports kept from the first
+// share, as the allocator keeps them), the descriptor marshalled, then the
+// share closed, which unpins the block. The host backend and a 16 MiB
+// block; with XSEG_BENCH_BACKEND=cuda (on the GPU machine) the CUDA
+// backend and a 1 GiB block, as dropin.py sends.
 func BenchmarkShareBlock(b *testing.B) {
-	drv, err := host.Open(host.Options{})
+	var drv vmm.Driver
+	var err error
+	size := uint64(16 << 20)
+	if os.Getenv("XSEG_BENCH_BACKEND") == "cuda" {
+		drv, err = cuda.Open()
+		size = 1 << 30
+	} else {
+		drv, err = host.Open(host.Options{})
+	}
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -181,7 +192,7 @@ func BenchmarkShareBlock(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer a.Close()
-			ptr, err := a.Alloc(16<<20, 0)
+			ptr, err := a.Alloc(size, 0)
 			if err != nil {
 				b.Fatal(err)
 			}
