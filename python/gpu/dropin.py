@@ -5,6 +5,9 @@ the same workload (issue 14). Each allocator runs in its own process:
     python3 dropin.py calls native|xseg   # one side, prints "RESULT {json}"
     python3 dropin.py mp native|xseg      # 1 GiB through a torch.multiprocessing Queue
 
+The side-by-side run times the multiprocessing check with a native and an
+xseg producer alive at once, taking turns round by round (mp_paired).
+
 xseg comes from `import xseg` (the installed wheel; python/ of the source
 tree only if none is installed)."""
 import json
@@ -187,7 +190,14 @@ def _consumer(q_in, q_out):
         q_out.put((t1 - t0, ok))
 
 
-def mp(mode):
+def mp(mode, serve=False):
+    """1 GiB CUDA tensors through a torch.multiprocessing Queue to a spawned
+    consumer: a warm-up round (the consumer's CUDA start-up), 5 timed
+    rounds, then the producer drops its tensor before the consumer reads
+    it. With serve, rounds run one at a time as stdin asks ("round",
+    "drop", "exit"), each answered with a JSON line: mp_paired() takes
+    turns between a native and an xseg producer, so that both see the
+    machine in the same state."""
     use(mode)
     import torch
     import torch.multiprocessing as tmp
@@ -195,32 +205,98 @@ def mp(mode):
     q_in, q_out = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=_consumer, args=(q_in, q_out))
     p.start()
-    times, oks = [], []
     n = (1 << 30) // 4
-    for i in range(6):
-        t = torch.full((n,), float(i + 1), device="cuda")
+    i = 0
+
+    def one_round():
+        nonlocal i
+        i += 1
+        t = torch.full((n,), float(i), device="cuda")
         torch.cuda.synchronize()
         t0 = time.monotonic()
-        q_in.put((t, t0, float(i + 1)))
+        q_in.put((t, t0, float(i)))
         dt, ok = q_out.get(timeout=120)
         del t
-        if i > 0:  # the first includes the consumer's CUDA start-up
-            times.append(dt * 1e3)
-        oks.append(ok)
-    # The producer drops its tensor before the consumer reads: the memory
-    # must stay until the consumer lets go.
-    t = torch.full((n,), 42.0, device="cuda")
-    q_in.put((t, time.monotonic(), 42.0))
-    del t
-    torch.cuda.empty_cache()
-    scribble = torch.full((n,), -1.0, device="cuda")
-    dt, ok_after_drop = q_out.get(timeout=120)
-    del scribble
-    q_in.put(None)
-    p.join(60)
-    r = {"mode": mode, "ms": times, "median_ms": statistics.median(times), "all_read_right": all(oks),
-         "read_right_after_producer_dropped": ok_after_drop, "child_exit": p.exitcode}
+        return dt * 1e3, ok
+
+    def after_drop():
+        # The producer drops its tensor before the consumer reads: the
+        # memory must stay until the consumer lets go.
+        t = torch.full((n,), 42.0, device="cuda")
+        q_in.put((t, time.monotonic(), 42.0))
+        del t
+        torch.cuda.empty_cache()
+        scribble = torch.full((n,), -1.0, device="cuda")
+        _, ok = q_out.get(timeout=120)
+        del scribble
+        return ok
+
+    def finish():
+        q_in.put(None)
+        p.join(60)
+        return p.exitcode
+
+    if serve:
+        for line in sys.stdin:
+            cmd = line.strip()
+            if cmd == "round":
+                ms, ok = one_round()
+                print(json.dumps({"ms": ms, "ok": ok}), flush=True)
+            elif cmd == "drop":
+                print(json.dumps({"ok": after_drop()}), flush=True)
+            else:
+                print(json.dumps({"exit": finish()}), flush=True)
+                return
+        finish()
+        return
+    one_round()  # the first includes the consumer's CUDA start-up
+    rounds = [one_round() for _ in range(5)]
+    ok_after_drop = after_drop()
+    code = finish()
+    times = [ms for ms, _ in rounds]
+    r = {"mode": mode, "ms": times, "median_ms": statistics.median(times), "all_read_right": all(ok for _, ok in rounds),
+         "read_right_after_producer_dropped": ok_after_drop, "child_exit": code}
     print("RESULT " + json.dumps(r))
+
+
+def mp_paired():
+    """mp() for native and xseg at once, in two producer processes (each
+    with its consumer) that take turns: a warm-up round each, then 5 timed
+    rounds each, which of the two goes first alternating, then the
+    after-drop check and the exits. Returns {mode: mp()'s RESULT}."""
+    procs = {m: subprocess.Popen([sys.executable, os.path.abspath(__file__), "mp-serve", m], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True) for m in ("native", "xseg")}
+
+    def ask(m, cmd):
+        pr = procs[m]
+        pr.stdin.write(cmd + "\n")
+        pr.stdin.flush()
+        line = pr.stdout.readline()
+        if not line:
+            raise SystemExit(f"mp-serve {m} ended without an answer to {cmd!r} (exit status {pr.wait()})")
+        return json.loads(line)
+
+    try:
+        for m in procs:
+            ask(m, "round")  # warm-up
+        got = {m: [] for m in procs}
+        for k in range(5):
+            for m in (("native", "xseg") if k % 2 == 0 else ("xseg", "native")):
+                got[m].append(ask(m, "round"))
+        res = {}
+        for m in procs:
+            drop = ask(m, "drop")["ok"]
+            code = ask(m, "exit")["exit"]
+            times = [g["ms"] for g in got[m]]
+            res[m] = {"mode": m, "ms": times, "median_ms": statistics.median(times),
+                      "all_read_right": all(g["ok"] for g in got[m]), "read_right_after_producer_dropped": drop,
+                      "child_exit": code}
+        return res
+    finally:
+        for pr in procs.values():
+            if pr.poll() is None:
+                pr.kill()
+            pr.wait()
 
 
 def run(*args):
@@ -266,15 +342,11 @@ def main():
           "torch.cuda.MemPool / use_mem_pool route to a private pool")
     print("memory_stats keys: native", len(nat["memory_stats_keys"]), "xseg", len(xs["memory_stats_keys"]))
 
-    runs = {"native": [], "xseg": []}
-    for _ in range(1):
-        for mode in ("native", "xseg"):
-            runs[mode].append(run("mp", mode))
-    for mode, rs in runs.items():
-        r = rs[-1]
+    runs = mp_paired()
+    for mode, r in runs.items():
         print(f"mp {mode}: put->first read ms {['%.2f' % t for t in r['ms']]} median {r['median_ms']:.2f}; "
               f"read right {r['all_read_right']}; after producer dropped {r['read_right_after_producer_dropped']}")
-    n, x = runs["native"][-1], runs["xseg"][-1]
+    n, x = runs["native"], runs["xseg"]
     check(x["all_read_right"] and x["read_right_after_producer_dropped"] and x["child_exit"] == 0,
           "xseg: 1 GiB through torch.multiprocessing read right, also after the producer dropped it")
     check(x["median_ms"] <= n["median_ms"],
@@ -290,5 +362,7 @@ if __name__ == "__main__":
         calls(sys.argv[2])
     elif len(sys.argv) == 3 and sys.argv[1] == "mp":
         mp(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "mp-serve":
+        mp(sys.argv[2], serve=True)
     else:
         main()
