@@ -35,7 +35,11 @@
 // these variables is such a failure, XSEG_LOG's included (the log then stays
 // off), as for XSEG_BACKEND: a typo is reported, not ignored. Each device
 // gets its allocator (xseg.Open over the shared driver) at its first
-// allocation; allocators live until the process ends.
+// allocation; allocators live until the process ends. The first xseg_open
+// reads XSEG_IMPORT_KEEP_MS (how long a closed mapping stays for a later
+// share of the same memory) and XSEG_LEASE_ACK_MS (how long the close that
+// ends a lease waits for the exporter to drop it); a bad value of either
+// fails every open, naming the variable.
 //
 // # Threads and CUDA contexts
 //
