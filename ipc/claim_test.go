@@ -313,3 +313,34 @@ func TestClaimLeaseRefusals(t *testing.T) {
 	_, err = claimLease(&handles.Descriptor{ExporterPID: unix.Getpid()}, 7)
 	require.ErrorIs(t, err, vmm.ErrNotSupported, "no socket")
 }
+
+// TestClaimHoldEndsWithTheRequest: a share closed while held for its
+// claimant is unpinned once the claimant, served afterwards, closes its
+// mapping, without waiting for the hold's watcher (made to look only
+// every 3 s here, which the exporter's Close then waits out): the request that ends the hold drops the hold's
+// lease, and the claimant's close returns after its own lease is gone.
+func TestClaimHoldEndsWithTheRequest(t *testing.T) {
+	requirePidfd(t)
+	imp, exp := backendDriver(t, "host"), backendDriver(t, "host")
+	a := shareableAlloc(t, exp)
+	gate := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	e := newExporter(t, ExporterOptions{holdPoll: 3 * time.Second, refuse: func(*unix.Ucred) bool { <-gate; return false }})
+	t.Cleanup(open)
+	s, desc, ptr := onceShare(t, e, exp, a, 1<<20)
+	opts := OpenOptions{Fetch: FetchOptions{Transports: []Transport{TransportPidfd}, LeaseAckWait: time.Minute}}
+	m, err := NewImporter(imp).Open(context.Background(), desc, 0, opts)
+	require.NoError(t, err)
+	require.True(t, m.Claimed())
+	require.NoError(t, s.Close())
+	require.Equal(t, 1, s.Leases(), "the hold")
+	require.NoError(t, a.Free(ptr))
+	open()
+	require.Eventually(t, func() bool { return s.holdServed.Load() && s.Leases() == 1 && s.holdDropped.Load() },
+		1500*time.Millisecond, time.Millisecond, "the request drops the hold's lease, before the watcher looks; the claimant's remains")
+	require.Equal(t, 1, a.Pinned(), "the claimant's lease keeps the pages")
+	require.NoError(t, m.Close())
+	require.Zero(t, a.Pinned(), "unpinned when the claimant's close returns, not at the watcher's next look")
+	require.Zero(t, s.Leases())
+}

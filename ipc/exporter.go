@@ -59,6 +59,9 @@ type ExporterOptions struct {
 	// refuse, if set, refuses the peers it returns true for as the policy
 	// would: tests refuse some peers of their own uid with it.
 	refuse func(*ucred) bool
+	// holdPoll, if set, replaces pollEvery for the exporter's hold
+	// watchers: tests raise it to show what does not wait for them.
+	holdPoll time.Duration
 }
 
 // An Exporter shares pages with other processes and serves its socket

@@ -129,7 +129,7 @@ func recheckAuth(pidfd int, d *handles.Descriptor, auth *handles.FD) error {
 // pidfd it cannot open for another reason than ESRCH (EMFILE) it tries
 // again then: ending the hold on a live claimant could hand its pages to
 // someone else under its reads.
-func waitGone(pid int, stop ...<-chan struct{}) bool {
+func waitGone(pid int, every time.Duration, stop ...<-chan struct{}) bool {
 	pidfd := -1
 	defer func() {
 		if pidfd >= 0 {
@@ -151,12 +151,12 @@ func waitGone(pid int, stop ...<-chan struct{}) bool {
 				return true
 			} else if err != nil {
 				pidfd = -1
-				time.Sleep(pollEvery)
+				time.Sleep(every)
 				continue
 			}
 			fds[0].Fd = int32(pidfd)
 		}
-		if n, _ := unix.Poll(fds, int(pollEvery.Milliseconds())); n > 0 {
+		if n, _ := unix.Poll(fds, int(every.Milliseconds())); n > 0 {
 			return true
 		}
 	}

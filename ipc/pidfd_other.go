@@ -5,6 +5,7 @@ package ipc
 import (
 	"fmt"
 	"runtime"
+	"time"
 
 	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/vmm"
@@ -18,4 +19,4 @@ func fetchPidfd(*handles.Descriptor) ([]*handles.FD, *handles.FD, error) {
 
 // waitGone cannot watch a process here: it says gone at once (no claim
 // is ever held here: claims need the Linux memfds).
-func waitGone(int, ...<-chan struct{}) bool { return true }
+func waitGone(int, time.Duration, ...<-chan struct{}) bool { return true }

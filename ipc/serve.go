@@ -122,6 +122,14 @@ func (s *Share) send(c *net.UnixConn, batch int, req requestMsg, peer int) error
 		}
 		return err
 	}
+	if held && s.holdDropped.CompareAndSwap(false, true) {
+		// The claimant's lease keeps the pages now: the hold's goes at
+		// once, not when the watcher next looks, so that the pages are
+		// released as soon as the claimant lets go. It cannot be the
+		// last lease (the claimant's was added above), so no release
+		// runs here, under the read lock.
+		s.leases.Add(-1)
+	}
 	return nil
 }
 

@@ -71,6 +71,10 @@ type Share struct {
 	// is closed then, for the goroutine that watches the claimant.
 	holdServed atomic.Bool
 	holdEnd    chan struct{}
+	// holdDropped: the hold's lease was dropped, by the claimant's
+	// request once served (its own lease then keeps the pages) or by the
+	// hold's watcher, whichever came first.
+	holdDropped atomic.Bool
 }
 
 // exporterNonce is the nonce the exporter claims a share with as it
@@ -301,9 +305,15 @@ func (s *Share) holdLocked() bool {
 // exited, or the exporter closes.
 func (s *Share) watchHold(w handles.Claimant, end <-chan struct{}) {
 	defer s.e.wg.Done()
-	waitGone(w.PID, end, s.e.done)
+	every := pollEvery
+	if s.e.opts.holdPoll > 0 {
+		every = s.e.opts.holdPoll
+	}
+	waitGone(w.PID, every, end, s.e.done)
 	s.e.forget(s)
-	s.dropLease()
+	if s.holdDropped.CompareAndSwap(false, true) {
+		s.dropLease()
+	}
 }
 
 // forget takes s out of the shares the exporter serves.
