@@ -167,8 +167,10 @@ func (m *mapped) adopt(k *mapped, r *Received) error {
 // ends, its mapping stays for KeepFor. The oldest kept mappings past
 // KeepMax are torn down; the error is theirs.
 func (im *Importer) keep(m *mapped) error {
+	m.leaseMu.Lock()
 	err := m.recv.EndLease()
 	m.leased = false
+	m.leaseMu.Unlock()
 	im.mu.Lock()
 	im.kept = append(im.kept, m)
 	m.timer = time.AfterFunc(im.opts.KeepFor, func() { im.expire(m) })

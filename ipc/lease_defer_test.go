@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
@@ -119,4 +120,45 @@ func TestOpenDeferLease(t *testing.T) {
 	require.NoError(t, a.Free(ptr))
 	require.NoError(t, a.EmptyCache())
 	require.Empty(t, base.Leaks(imp))
+}
+
+// TestAwaitLeaseConcurrentAndAfterClose: Leased and Stages may be read
+// while another goroutine awaits the deferred lease (the race detector
+// watches), and awaiting the lease of a mapping torn down before anyone
+// awaited it is ErrClosed, not a crash.
+func TestAwaitLeaseConcurrentAndAfterClose(t *testing.T) {
+	requirePidfd(t)
+	imp, exp := backendDriver(t, "host"), backendDriver(t, "host")
+	a := shareableAlloc(t, exp)
+	e := newExporter(t, ExporterOptions{})
+	deferred := OpenOptions{DeferLease: true, Fetch: FetchOptions{Transports: []Transport{TransportPidfd}}}
+	for _, await := range []bool{true, false} {
+		ptr, err := a.Alloc(1<<20, 0)
+		require.NoError(t, err)
+		s, err := e.ShareBlock(exp, a, ptr)
+		require.NoError(t, err)
+		desc, err := s.MarshalBinary()
+		require.NoError(t, err)
+		m, err := Open(context.Background(), desc, imp, 0, deferred)
+		require.NoError(t, err)
+		if await {
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for range 100 {
+					_, _ = m.Leased(), m.Stages()
+				}
+			}()
+			require.NoError(t, m.AwaitLease())
+			<-done
+			require.True(t, m.Leased())
+			require.NoError(t, m.Close())
+			require.NoError(t, m.AwaitLease(), "awaited before: its outcome stays")
+		} else {
+			require.NoError(t, m.Close())
+			require.ErrorIs(t, m.AwaitLease(), vmm.ErrClosed)
+		}
+		require.NoError(t, s.Close())
+		require.NoError(t, a.Free(ptr))
+	}
 }

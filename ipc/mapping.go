@@ -176,6 +176,8 @@ func (m *mapped) teardown(n int) error {
 			return err
 		}
 	}
+	m.leaseMu.Lock() // AwaitLease reads recv
+	defer m.leaseMu.Unlock()
 	if m.recv != nil {
 		err := m.recv.Close()
 		m.recv = nil

@@ -61,7 +61,11 @@ func (m *Mapping) Allocations() int { return m.m.desc.PageCount }
 
 // Leased reports whether the mapping holds a lease on the exporter's share
 // (see Received.Leased).
-func (m *Mapping) Leased() bool { return m.m.leased }
+func (m *Mapping) Leased() bool {
+	m.m.leaseMu.Lock()
+	defer m.m.leaseMu.Unlock()
+	return m.m.leased
+}
 
 // OpenStages are the times the steps of the Open that made a mapping
 // took, for finding where an open's time goes: Fetch (the fds, or the
@@ -84,7 +88,11 @@ func (m *Mapping) Reused() bool { return m.m.reused }
 
 // Stages are the times of the steps of the Open that made the mapping
 // (shared by every Mapping of it, see Mapping).
-func (m *Mapping) Stages() OpenStages { return m.m.stages }
+func (m *Mapping) Stages() OpenStages {
+	m.m.leaseMu.Lock() // AwaitLease adds to Lease
+	defer m.m.leaseMu.Unlock()
+	return m.m.stages
+}
 
 // Close drops this reference. The last one unmaps the pages, releases
 // them, gives back the address range and ends the lease; under
@@ -165,6 +173,11 @@ func (m *Mapping) AwaitLease() error {
 	mp := m.m
 	mp.leaseMu.Lock()
 	defer mp.leaseMu.Unlock()
+	if !mp.leaseDone && mp.recv == nil {
+		// Torn down (the last Close) before anyone asked: nothing holds
+		// the pages any more.
+		return fmt.Errorf("awaiting the lease of a closed mapping: %w", vmm.ErrClosed)
+	}
 	if !mp.leaseDone {
 		t0 := time.Now()
 		mp.leaseErr = mp.recv.awaitLease()
