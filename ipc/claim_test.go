@@ -5,6 +5,7 @@ package ipc
 import (
 	"context"
 	"errors"
+	"os"
 	"os/exec"
 	"sync"
 	"testing"
@@ -343,4 +344,22 @@ func TestClaimHoldEndsWithTheRequest(t *testing.T) {
 	require.NoError(t, m.Close())
 	require.Zero(t, a.Pinned(), "unpinned when the claimant's close returns, not at the watcher's next look")
 	require.Zero(t, s.Leases())
+}
+
+// TestClaimClosedUnheld: a request that reaches a share made for one
+// importer after it closed, held for nobody, is left to send's closed
+// check ("share closed", ErrRefused), not refused as held for another.
+func TestClaimClosedUnheld(t *testing.T) {
+	exp := backendDriver(t, "host")
+	a := shareableAlloc(t, exp)
+	e := newExporter(t, ExporterOptions{})
+	s, _, ptr := onceShare(t, e, exp, a, 1<<20)
+	require.NoError(t, s.Close())
+	nonce, err := handles.NewNonce()
+	require.NoError(t, err)
+	s.mu.RLock()
+	require.Zero(t, s.mu.heldFor.PID, "nobody claimed it: not held")
+	require.NoError(t, s.claimedBy(requestMsg{flags: flagClaim, nonce: nonce}, os.Getpid()))
+	s.mu.RUnlock()
+	require.NoError(t, a.Free(ptr))
 }

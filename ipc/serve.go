@@ -138,8 +138,8 @@ func (s *Share) send(c *net.UnixConn, batch int, req requestMsg, peer int) error
 // nonce), or, for a request that brings none, the peer if the exporter
 // can claim the share for it now. nil for a share without a claim.
 func (s *Share) claimedBy(req requestMsg, peer int) error {
-	if s.mu.claim == nil {
-		return nil
+	if s.mu.claim == nil || s.mu.closed && s.mu.heldFor.PID == 0 {
+		return nil // no claim; or closed and held for nobody: send refuses
 	}
 	want := handles.Claimant{PID: peer, Nonce: req.nonce}
 	if req.flags&flagClaim == 0 {
