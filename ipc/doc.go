@@ -140,8 +140,9 @@
 // every lease.
 //
 // An importer ends its lease by half-closing the connection and waiting,
-// up to [FetchOptions.LeaseAckWait] ([LeaseAckWait] by default), for the exporter to close its end, which the
-// exporter does only after it has dropped the lease. So when an importer's
+// up to [FetchOptions.LeaseAckWait] ([LeaseAckWait] by default), for the
+// exporter to close its end, which the exporter does only after it has
+// dropped the lease. So when an importer's
 // last Close returns, the share's release has run if that was its last
 // lease: a consumer that then tells its producer it is done (a queue, a
 // pipe) never has the producer allocate past a block still pinned. An

@@ -79,7 +79,7 @@ func (im *Importer) Kept() int {
 // held, for a later DropKept; the error says what.
 func (im *Importer) DropKept() error {
 	im.mu.Lock()
-	all := append(im.kept, im.stuck...)
+	all := slices.Concat(im.kept, im.stuck)
 	im.kept, im.stuck = nil, nil
 	im.mu.Unlock()
 	var errs []error

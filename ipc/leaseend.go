@@ -17,8 +17,9 @@ const LeaseAckWait = 20 * time.Millisecond
 // that the exporter reads the end of the lease, and waits up to wait
 // (LeaseAckWait if 0; not at all if negative) for the exporter to close
 // its end, which the exporter does only once it has dropped the lease:
-// unpinned the block if that was the share's last lease. So when the last Mapping of a share closes, the
-// producer's next allocation can reuse the block at once, and a consumer
+// unpinned the block if that was the share's last lease. So when the last
+// Mapping of a share closes, the producer's next allocation can reuse the
+// block at once, and a consumer
 // that then tells the producer it is done (a queue, a pipe) never sends
 // it past pages still pinned. Whatever the exporter still sends (the
 // answer to a lease request, unread) is discarded. An exporter that does
