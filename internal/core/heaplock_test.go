@@ -46,7 +46,9 @@ func TestHeapLockLongHold(t *testing.T) {
 	l.Lock()
 	require.False(t, l.TryLock())
 	got := make(chan time.Time)
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		l.Lock()
 		got <- time.Now()
 		l.Unlock()
@@ -62,6 +64,7 @@ func TestHeapLockLongHold(t *testing.T) {
 	at := <-got
 	require.False(t, at.Before(released))
 	require.Less(t, at.Sub(released), time.Second)
+	<-done // the waiter has unlocked
 	require.True(t, l.TryLock())
 	l.Unlock()
 }
