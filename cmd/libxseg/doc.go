@@ -47,7 +47,12 @@
 // runs on the calling thread, so the CUDA backend works in the CUDA context
 // current there (PyTorch's). The hot path (xseg_malloc, xseg_free) finds the
 // device's allocator with one atomic load, takes no lock of its own and
-// allocates nothing in this layer; failures are the slow path.
+// allocates nothing in this layer; failures are the slow path. xseg_free
+// does not call into Go at all: it parks the block in a ring in C memory
+// (freequeue.h), and every function that calls into Go applies the parked
+// frees, in order, before its own work (freequeue.go), so that no call
+// finds a block allocated that was freed before it. A full ring, or a
+// configuration with release_threshold_mb, frees through Go at once.
 //
 // # Failures
 //

@@ -63,6 +63,7 @@ func jsonOut(name string, b []byte, err error) *C.char {
 //export xsegGoMalloc
 func xsegGoMalloc(size C.ssize_t, device C.int, stream C.uintptr_t) (ptr C.uintptr_t) {
 	defer catch("xseg_malloc")
+	drainFrees()
 	p, err := lib.malloc(int64(size), int(device), vmm.Stream(stream))
 	if err != nil {
 		fail("xseg_malloc", fmt.Errorf("%d bytes on device %d: %w", int64(size), int(device), err))
@@ -78,6 +79,7 @@ func xsegGoMalloc(size C.ssize_t, device C.int, stream C.uintptr_t) (ptr C.uintp
 //export xsegGoMallocOrError
 func xsegGoMallocOrError(size C.ssize_t, device C.int, stream C.uintptr_t, errText **C.char, oom *C.int) (ptr C.uintptr_t) {
 	defer catch("xseg_malloc")
+	drainFrees()
 	p, err := lib.malloc(int64(size), int(device), vmm.Stream(stream))
 	if err != nil {
 		err = fmt.Errorf("%d bytes on device %d: %w", int64(size), int(device), err)
@@ -91,6 +93,7 @@ func xsegGoMallocOrError(size C.ssize_t, device C.int, stream C.uintptr_t, errTe
 //export xsegGoFree
 func xsegGoFree(ptr C.uintptr_t, size C.ssize_t, device C.int, stream C.uintptr_t) {
 	defer catch("xseg_free")
+	drainFrees()
 	if err := lib.free(vmm.DevicePtr(ptr), int(device)); err != nil {
 		fail("xseg_free", fmt.Errorf("%#x (%d bytes) on device %d: %w", uintptr(ptr), int64(size), int(device), err))
 	}
@@ -100,6 +103,7 @@ func xsegGoFree(ptr C.uintptr_t, size C.ssize_t, device C.int, stream C.uintptr_
 func xsegGoRecordStream(ptr C.uintptr_t, stream C.uintptr_t) (rc C.int) {
 	rc = -1
 	defer catch("xseg_record_stream")
+	drainFrees()
 	known, err := lib.recordStream(vmm.DevicePtr(ptr), vmm.Stream(stream))
 	switch {
 	case err != nil:
@@ -114,6 +118,7 @@ func xsegGoRecordStream(ptr C.uintptr_t, stream C.uintptr_t) (rc C.int) {
 //export xsegGoStatsJSON
 func xsegGoStatsJSON(device C.int) (s *C.char) {
 	defer catch("xseg_stats_json")
+	drainFrees()
 	b, err := lib.statsJSON(int(device))
 	return jsonOut("xseg_stats_json", b, err)
 }
@@ -121,6 +126,7 @@ func xsegGoStatsJSON(device C.int) (s *C.char) {
 //export xsegGoSnapshotJSON
 func xsegGoSnapshotJSON(device C.int) (s *C.char) {
 	defer catch("xseg_snapshot_json")
+	drainFrees()
 	b, err := lib.snapshotJSON(int(device))
 	return jsonOut("xseg_snapshot_json", b, err)
 }
@@ -129,6 +135,7 @@ func xsegGoSnapshotJSON(device C.int) (s *C.char) {
 func xsegGoEmptyCache(device C.int) (rc C.int) {
 	rc = -1
 	defer catch("xseg_empty_cache")
+	drainFrees()
 	return status("xseg_empty_cache", lib.emptyCache(int(device)))
 }
 
@@ -136,6 +143,7 @@ func xsegGoEmptyCache(device C.int) (rc C.int) {
 func xsegGoResetPeakStats(device C.int) (rc C.int) {
 	rc = -1
 	defer catch("xseg_reset_peak_stats")
+	drainFrees()
 	return status("xseg_reset_peak_stats", lib.resetPeakStats(int(device)))
 }
 
@@ -143,6 +151,7 @@ func xsegGoResetPeakStats(device C.int) (rc C.int) {
 func xsegGoResetAccumulatedStats(device C.int) (rc C.int) {
 	rc = -1
 	defer catch("xseg_reset_accumulated_stats")
+	drainFrees()
 	return status("xseg_reset_accumulated_stats", lib.resetAccumulatedStats(int(device)))
 }
 
@@ -150,6 +159,7 @@ func xsegGoResetAccumulatedStats(device C.int) (rc C.int) {
 func xsegGoConfigure(conf *C.char) (rc C.int) {
 	rc = -1
 	defer catch("xseg_configure")
+	drainFrees()
 	s := ""
 	if conf != nil {
 		s = C.GoString(conf)
@@ -161,6 +171,7 @@ func xsegGoConfigure(conf *C.char) (rc C.int) {
 func xsegGoSetLogLevel(level *C.char) (rc C.int) {
 	rc = -1
 	defer catch("xseg_set_log_level")
+	drainFrees()
 	s := ""
 	if level != nil {
 		s = C.GoString(level)
@@ -175,5 +186,6 @@ func xsegGoSetLogLevel(level *C.char) (rc C.int) {
 //export xsegGoLastError
 func xsegGoLastError() (s *C.char) {
 	defer catch("xseg_last_error")
+	drainFrees()
 	return lastErr.get()
 }

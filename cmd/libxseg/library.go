@@ -29,6 +29,11 @@ type library struct {
 	getenv     func(string) string
 	openDriver func(backend xseg.Backend, hostCapacity uint64) (vmm.Driver, error)
 
+	// onStart, if set, learns the release threshold of the configuration
+	// once the library has started (the process's library: the free queue
+	// goes direct with a threshold, freequeue.go).
+	onStart func(releaseThreshold uint64)
+
 	level  *slog.LevelVar
 	log    *slog.Logger
 	logErr error // why XSEG_LOG did not parse: the first use fails with it
@@ -127,6 +132,9 @@ func (l *library) startLocked() {
 		return
 	}
 	l.mu.cfg = cfg
+	if l.onStart != nil {
+		l.onStart(cfg.ReleaseThreshold)
+	}
 	backend, capacity, err := backendFromEnv(l.getenv)
 	if err != nil {
 		l.mu.err = err

@@ -93,6 +93,7 @@ func (l *library) historyJSON(dev int) ([]byte, error) {
 //export xseg_set_memory_fraction
 func xseg_set_memory_fraction(fraction C.double, device C.int) {
 	defer catch("xseg_set_memory_fraction")
+	drainFrees()
 	if err := lib.setMemoryFraction(float64(fraction), int(device)); err != nil {
 		fail("xseg_set_memory_fraction", err)
 	}
@@ -102,6 +103,7 @@ func xseg_set_memory_fraction(fraction C.double, device C.int) {
 func xseg_memory_fraction(device C.int, out *C.double) (rc C.int) {
 	rc = -1
 	defer catch("xseg_memory_fraction")
+	drainFrees()
 	if out == nil {
 		return status("xseg_memory_fraction", fmt.Errorf("device %d: out is NULL: %w", int(device), vmm.ErrInvalid))
 	}
@@ -116,6 +118,7 @@ func xseg_memory_fraction(device C.int, out *C.double) (rc C.int) {
 func xseg_set_memory_limit(device C.int, bytes C.ulonglong) (rc C.int) {
 	rc = -1
 	defer catch("xseg_set_memory_limit")
+	drainFrees()
 	return status("xseg_set_memory_limit", lib.setMemoryLimit(int(device), uint64(bytes)))
 }
 
@@ -123,12 +126,14 @@ func xseg_set_memory_limit(device C.int, bytes C.ulonglong) (rc C.int) {
 func xseg_record_history(device C.int, maxEntries C.size_t) (rc C.int) {
 	rc = -1
 	defer catch("xseg_record_history")
+	drainFrees()
 	return status("xseg_record_history", lib.recordHistory(int(device), uint64(maxEntries)))
 }
 
 //export xseg_history_json
 func xseg_history_json(device C.int) (s *C.char) {
 	defer catch("xseg_history_json")
+	drainFrees()
 	b, err := lib.historyJSON(int(device))
 	return jsonOut("xseg_history_json", b, err)
 }

@@ -27,6 +27,7 @@ func poolID(first, second C.ulonglong) xseg.PoolID {
 func xsegGoBeginPool(device C.int, first, second C.ulonglong) (rc C.int) {
 	rc = -1
 	defer catch("xseg_begin_allocate_to_pool")
+	drainFrees()
 	id := poolID(first, second)
 	return status("xseg_begin_allocate_to_pool", wrapPool("beginning to allocate to", id, device, lib.beginPool(int(device), id)))
 }
@@ -35,6 +36,7 @@ func xsegGoBeginPool(device C.int, first, second C.ulonglong) (rc C.int) {
 func xsegGoEndPool(device C.int, first, second C.ulonglong) (rc C.int) {
 	rc = -1
 	defer catch("xseg_end_allocate_to_pool")
+	drainFrees()
 	id := poolID(first, second)
 	return status("xseg_end_allocate_to_pool", wrapPool("ending allocation to", id, device, lib.endPool(int(device), id)))
 }
@@ -43,6 +45,7 @@ func xsegGoEndPool(device C.int, first, second C.ulonglong) (rc C.int) {
 func xsegGoReleasePool(device C.int, first, second C.ulonglong) (rc C.int) {
 	rc = -1
 	defer catch("xseg_release_pool")
+	drainFrees()
 	id := poolID(first, second)
 	return status("xseg_release_pool", wrapPool("releasing", id, device, lib.releasePool(int(device), id)))
 }
@@ -60,6 +63,7 @@ func wrapPool(what string, id xseg.PoolID, device C.int, err error) error {
 //export xsegGoMallocInPool
 func xsegGoMallocInPool(size C.ssize_t, device C.int, stream C.uintptr_t, first, second C.ulonglong, errText **C.char, oom *C.int) (ptr C.uintptr_t) {
 	defer catch("xseg_malloc")
+	drainFrees()
 	id := poolID(first, second)
 	p, err := lib.mallocInPool(int64(size), int(device), vmm.Stream(stream), id)
 	if err != nil {
@@ -74,6 +78,7 @@ func xsegGoMallocInPool(size C.ssize_t, device C.int, stream C.uintptr_t, first,
 //export xsegGoPoolJSON
 func xsegGoPoolJSON(device C.int, first, second C.ulonglong, checkpoint C.int) (s *C.char) {
 	defer catch("xseg_pool_json")
+	drainFrees()
 	b, err := lib.poolJSON(int(device), poolID(first, second), checkpoint != 0)
 	return jsonOut("xseg_pool_json", b, err)
 }
@@ -81,6 +86,7 @@ func xsegGoPoolJSON(device C.int, first, second C.ulonglong, checkpoint C.int) (
 //export xsegGoPoolRestore
 func xsegGoPoolRestore(device C.int, checkpoint *C.char, n C.size_t) (s *C.char) {
 	defer catch("xseg_pool_restore")
+	drainFrees()
 	if checkpoint == nil || n > 1<<30 {
 		fail("xseg_pool_restore", fmt.Errorf("checkpoint NULL or over 1 GiB (%d bytes): %w", uint64(n), vmm.ErrInvalid))
 		return nil

@@ -246,6 +246,7 @@ func checkOpenArgs(desc unsafe.Pointer, length uint64, ptr, size bool) error {
 func xsegGoShare(ptr C.uintptr_t, device, importers C.int, out unsafe.Pointer, capacity C.size_t) (n C.ssize_t) {
 	n = -1
 	defer catch("xseg_share")
+	drainFrees()
 	b, err := shared.share(vmm.DevicePtr(ptr), int(device), int(importers))
 	if err != nil {
 		fail("xseg_share", fmt.Errorf("%#x on device %d: %w", uintptr(ptr), int(device), err))
@@ -264,6 +265,7 @@ func xsegGoShare(ptr C.uintptr_t, device, importers C.int, out unsafe.Pointer, c
 func xsegGoUnshare(desc unsafe.Pointer, length C.size_t) (rc C.int) {
 	rc = -1
 	defer catch("xseg_unshare")
+	drainFrees()
 	return status("xseg_unshare", shared.unshare(cBytes(desc, length)))
 }
 
@@ -279,6 +281,7 @@ func xsegGoOpen(desc unsafe.Pointer, length C.size_t, device C.int, ptr *C.uintp
 		name = "xseg_open_nowait"
 	}
 	defer catch(name)
+	drainFrees()
 	if err := checkOpenArgs(desc, uint64(length), ptr != nil, size != nil); err != nil {
 		fail(name, err)
 		return -1
@@ -305,6 +308,7 @@ func xsegGoOpen(desc unsafe.Pointer, length C.size_t, device C.int, ptr *C.uintp
 func xsegGoOpenWait(h C.int64_t) (rc C.int) {
 	rc = -1
 	defer catch("xseg_open_wait")
+	drainFrees()
 	return status("xseg_open_wait", shared.awaitLease(int64(h)))
 }
 
@@ -312,5 +316,6 @@ func xsegGoOpenWait(h C.int64_t) (rc C.int) {
 func xsegGoClose(h C.int64_t) (rc C.int) {
 	rc = -1
 	defer catch("xseg_close")
+	drainFrees()
 	return status("xseg_close", shared.close(int64(h)))
 }

@@ -2,10 +2,38 @@
 // export of the same name (xsegGo...), which take and return integers only:
 // no Go function ever holds a C pointer-typed value such as a stream handle
 // of 0x1 or 0x2, which the Go runtime would take for a bad pointer.
+#include <sched.h>
 #include <stdlib.h>
 
+#include "freequeue.h"
 #include "xseg.h"
 #include "_cgo_export.h"
+
+struct xseg_fq xseg_fq;
+
+static void fq_lock(void) {
+	for (int spins = 0; __atomic_exchange_n(&xseg_fq.lock, 1, __ATOMIC_ACQUIRE); spins++) {
+		if (spins >= 64) sched_yield();
+	}
+}
+
+static void fq_unlock(void) { __atomic_store_n(&xseg_fq.lock, 0, __ATOMIC_RELEASE); }
+
+int xseg_fq_push(uint64_t ptr, int device) {
+	if (__atomic_load_n(&xseg_fq.direct, __ATOMIC_ACQUIRE)) {
+		return 0;
+	}
+	fq_lock();
+	uint32_t t = xseg_fq.tail;
+	int parked = t - xseg_fq.head < XSEG_FQ_CAP;
+	if (parked) {
+		xseg_fq.buf[t & (XSEG_FQ_CAP - 1)].ptr = ptr;
+		xseg_fq.buf[t & (XSEG_FQ_CAP - 1)].device = device;
+		__atomic_store_n(&xseg_fq.tail, t + 1, __ATOMIC_RELEASE);
+	}
+	fq_unlock();
+	return parked;
+}
 
 void* xseg_malloc(ssize_t size, int device, void* stream) {
 	unsigned long long first, second;
@@ -45,7 +73,13 @@ char* xseg_pool_restore(int device, const char* checkpoint, size_t len) {
 	return xsegGoPoolRestore(device, (char*)checkpoint, len);
 }
 
+// xseg_free parks the free in the queue (freequeue.h): no call into Go,
+// which applies it at its next call from any thread. A full queue, or a
+// configuration that wants each free at once, frees through Go now.
 void xseg_free(void* ptr, ssize_t size, int device, void* stream) {
+	if (ptr == NULL || xseg_fq_push((uintptr_t)ptr, device)) {
+		return;
+	}
 	xsegGoFree((uintptr_t)ptr, size, device, (uintptr_t)stream);
 }
 

@@ -142,6 +142,7 @@ func (l *library) tagsJSON(dev int) ([]byte, error) {
 func xsegGoTag(device C.int, name *C.char, first, second *C.ulonglong) (rc C.int) {
 	rc = -1
 	defer catch("xseg_tag")
+	drainFrees()
 	n, err := tagName(name)
 	if err == nil && (first == nil || second == nil) {
 		err = fmt.Errorf("tag %q: first or second is NULL: %w", n, vmm.ErrInvalid)
@@ -161,6 +162,7 @@ func xsegGoTag(device C.int, name *C.char, first, second *C.ulonglong) (rc C.int
 func xsegGoPause(device C.int, tag *C.char, backup C.int) (rc C.int) {
 	rc = -1
 	defer catch("xseg_pause")
+	drainFrees()
 	tags, err := tagNames(tag)
 	if err == nil {
 		err = lib.pause(int(device), tags, backup != 0)
@@ -172,6 +174,7 @@ func xsegGoPause(device C.int, tag *C.char, backup C.int) (rc C.int) {
 func xsegGoResume(device C.int, tag *C.char) (rc C.int) {
 	rc = -1
 	defer catch("xseg_resume")
+	drainFrees()
 	tags, err := tagNames(tag)
 	if err == nil {
 		err = lib.resume(int(device), tags)
@@ -182,6 +185,7 @@ func xsegGoResume(device C.int, tag *C.char) (rc C.int) {
 //export xsegGoTagStatsJSON
 func xsegGoTagStatsJSON(device C.int, tag *C.char) (s *C.char) {
 	defer catch("xseg_tag_stats_json")
+	drainFrees()
 	name, err := tagName(tag)
 	var b []byte
 	if err == nil {
@@ -193,6 +197,7 @@ func xsegGoTagStatsJSON(device C.int, tag *C.char) (s *C.char) {
 //export xsegGoTagsJSON
 func xsegGoTagsJSON(device C.int) (s *C.char) {
 	defer catch("xseg_tags_json")
+	drainFrees()
 	b, err := lib.tagsJSON(int(device))
 	return jsonOut("xseg_tags_json", b, err)
 }
@@ -203,5 +208,6 @@ func xsegGoTagsJSON(device C.int) (s *C.char) {
 //export xsegGoSetError
 func xsegGoSetError(name, msg *C.char) {
 	defer catch("xseg_set_error")
+	drainFrees()
 	fail(C.GoString(name), errors.New(C.GoString(msg)))
 }

@@ -40,6 +40,7 @@ func (l *library) mallocAtMost(max, min uint64, dev int, s vmm.Stream) (vmm.Devi
 //export xsegGoMallocAtMost
 func xsegGoMallocAtMost(max, min C.size_t, device C.int, stream C.uintptr_t, got *C.size_t) (ptr C.uintptr_t) {
 	defer catch("xseg_malloc_at_most")
+	drainFrees()
 	p, n, err := lib.mallocAtMost(uint64(max), uint64(min), int(device), vmm.Stream(stream))
 	if err != nil {
 		fail("xseg_malloc_at_most", fmt.Errorf("on device %d: %w", int(device), err))
@@ -55,6 +56,7 @@ func xsegGoMallocAtMost(max, min C.size_t, device C.int, stream C.uintptr_t, got
 func xsegGoFreeBlock(ptr C.uintptr_t, device C.int) (rc C.int) {
 	rc = -1
 	defer catch("xseg_free_block")
+	drainFrees()
 	err := lib.free(vmm.DevicePtr(ptr), int(device))
 	if err != nil {
 		err = fmt.Errorf("%#x on device %d: %w", uintptr(ptr), int(device), err)
@@ -76,6 +78,7 @@ func (l *library) retainPool(dev int, id xseg.PoolID) error {
 func xsegGoPoolRetain(device C.int, first, second C.ulonglong) (rc C.int) {
 	rc = -1
 	defer catch("xseg_pool_retain")
+	drainFrees()
 	id := poolID(first, second)
 	return status("xseg_pool_retain", wrapPool("retaining", id, device, lib.retainPool(int(device), id)))
 }

@@ -87,7 +87,11 @@ void* xseg_malloc_at_most(size_t max, size_t min, int device, void* stream, size
 /* xseg_free gives back a block of device. size and stream are ignored: the
  * block's own stream and every stream recorded with xseg_record_stream
  * order its reuse. Freeing NULL does nothing; freeing a pointer xseg did not
- * return records an error and changes nothing. */
+ * return records an error and changes nothing. The free takes effect at
+ * the next call of any function here from any thread (each applies the
+ * frees made before it, before its own work), or at once when 256 frees
+ * are waiting or release_threshold_mb is set; so a bad free's error is
+ * there for xseg_last_error right after, as before. */
 void xseg_free(void* ptr, ssize_t size, int device, void* stream);
 
 /* xseg_record_stream marks the block that starts at ptr as used on stream

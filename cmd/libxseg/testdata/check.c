@@ -162,6 +162,47 @@ static void threads(void) {
 	CHECK(stat(0, "allocation", "current") == 0, "threads freed everything");
 }
 
+// free_queue: xseg_free parks frees that the next call applies (see
+// cmd/libxseg/freequeue.go). More frees than the ring holds, with no call
+// between them, all take effect; and while four threads allocate and free,
+// another's stats never count more than the four blocks they can hold.
+static void* counter(void* arg) {
+	volatile int* stop = arg;
+	long worst = 0;
+	while (!*stop) {
+		long long n = stat(0, "allocation", "current");
+		if (n < 0 || n > 4) worst = n < 0 ? -1 : (n > worst ? n : worst);
+	}
+	return (void*)worst;
+}
+
+static void free_queue(void) {
+	enum { N = 1000 };
+	static void* ps[N];
+	int got = 0;
+	for (int i = 0; i < N; i++) got += (ps[i] = p_xseg_malloc(4096 + 512 * (i % 5), 0, NULL)) != NULL;
+	CHECK(got == N, "%d of %d allocations", got, N);
+	for (int i = 0; i < N; i++) p_xseg_free(ps[i], 4096, 0, NULL);
+	CHECK(stat(0, "allocation", "current") == 0, "%d frees without a call between them: %lld blocks left",
+	      N, stat(0, "allocation", "current"));
+	CHECK(strcmp(p_xseg_last_error(), "") == 0 || !error_has("xseg_free"), "a good free failed: %s", p_xseg_last_error());
+
+	int stop = 0;
+	pthread_t w[4], c;
+	pthread_create(&c, NULL, counter, &stop);
+	for (int i = 0; i < 4; i++) pthread_create(&w[i], NULL, worker, NULL);
+	for (int i = 0; i < 4; i++) {
+		void* bad;
+		pthread_join(w[i], &bad);
+		CHECK(bad == NULL, "thread %d: %ld failed allocations", i, (long)bad);
+	}
+	stop = 1;
+	void* worst;
+	pthread_join(c, &worst);
+	CHECK(worst == NULL, "stats counted %ld blocks live (at most 4 are)", (long)worst);
+	CHECK(stat(0, "allocation", "current") == 0, "threads freed everything");
+}
+
 static void latency(void) {
 	const size_t sizes[] = {512, 4096, 65536, 1 << 20, 3 << 20, 24 << 20, 100 << 20};
 	const int n = sizeof sizes / sizeof sizes[0], rounds = 20000;
@@ -257,6 +298,7 @@ int main(int argc, char** argv) {
 	basics();
 	out_of_memory();
 	threads();
+	free_queue();
 	latency();
 	if (failures) {
 		printf("%d checks failed\n", failures);
