@@ -25,7 +25,9 @@
 #   latency  ns per warm malloc+free pair, single and batch loops:
 #            python/gpu/latency.c (xseg through the wheel's libxseg.so) and
 #            python/gpu/torch_latency.cpp (PyTorch's caching allocator,
-#            native and expandable_segments:True), alternating, twice
+#            native and expandable_segments:True), alternating LAT_ROUNDS
+#            times (default 2); with .gpu/before-lib/libxseg.so, that
+#            earlier build too, as "before"
 # Logs and JSON go under OUT (default $OUT, else /tmp/gpu-round), tarred
 # into OUT/PHASE.tgz.
 set -u
@@ -114,13 +116,20 @@ latency)
   gcc -O2 -o /tmp/xseg_latency python/gpu/latency.c -ldl > "$L/build.log" 2>&1; echo "gcc rc $?"
   g++ -O2 -std=c++17 python/gpu/torch_latency.cpp -I"$T/include" -I/usr/local/cuda/include -L"$T/lib" \
     -lc10 -lc10_cuda -Wl,-rpath,"$T/lib" -o /tmp/torch_latency >> "$L/build.log" 2>&1; echo "g++ rc $?"
-  for i in 1 2; do
+  # LAT_ROUNDS alternations; with .gpu/before-lib/libxseg.so (an earlier
+  # build) that library runs in each too, as "before".
+  for i in $(seq "${LAT_ROUNDS:-2}"); do
+    if [ -f .gpu/before-lib/libxseg.so ]; then
+      timeout 120 /tmp/xseg_latency .gpu/before-lib/libxseg.so > "$L/before-$i.log" 2>&1; echo "before $i rc $?"
+    fi
     timeout 120 /tmp/xseg_latency "$lib" > "$L/xseg-$i.log" 2>&1; echo "xseg $i rc $?"
     env -u PYTORCH_ALLOC_CONF -u PYTORCH_CUDA_ALLOC_CONF timeout 120 /tmp/torch_latency > "$L/native-$i.log" 2>&1; echo "native $i rc $?"
     env -u PYTORCH_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 120 /tmp/torch_latency > "$L/expandable-$i.log" 2>&1; echo "expandable $i rc $?"
   done
   tail -3 "$L/build.log"
-  for f in "$L"/xseg-*.log "$L"/native-*.log "$L"/expandable-*.log; do grep -H -E "pair:|stats" "$f" | cut -c1-300; done
+  for f in "$L"/before-*.log "$L"/xseg-*.log "$L"/native-*.log "$L"/expandable-*.log; do
+    [ -f "$f" ] && grep -H -E "pair:" "$f" | sed "s|^$L/||"
+  done
   ;;
 *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
