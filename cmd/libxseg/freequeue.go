@@ -46,6 +46,17 @@ var fqApplied atomic.Uint32
 // fqChunk is the most entries a drain takes from the ring at once.
 const fqChunk = 8
 
+// fqCap is the ring's capacity, XSEG_FQ_CAP.
+const fqCap = C.XSEG_FQ_CAP
+
+// backOff is one turn of a spin wait: after 64 turns (as shim.c's lock)
+// it yields the thread.
+func backOff(spins int) {
+	if spins >= 64 {
+		runtime.Gosched()
+	}
+}
+
 // drainFrees applies every parked free, in the order parked.
 func drainFrees() { drainWith(applyFree) }
 
@@ -74,9 +85,7 @@ func drainWith(apply func(ptr uint64, dev int)) {
 		applyChunk(h, chunk[:k], apply)
 	}
 	for spins := 0; int32(target-fqApplied.Load()) > 0; spins++ {
-		if spins >= 64 {
-			runtime.Gosched()
-		}
+		backOff(spins)
 	}
 }
 
@@ -88,9 +97,7 @@ func applyChunk(h uint32, es []C.struct_xseg_fq_entry, apply func(ptr uint64, de
 		applyOne(uint64(e.ptr), int(e.device), apply)
 	}
 	for spins := 0; fqApplied.Load() != h; spins++ {
-		if spins >= 64 {
-			runtime.Gosched()
-		}
+		backOff(spins)
 	}
 	fqApplied.Store(h + uint32(len(es)))
 }
@@ -111,9 +118,7 @@ func applyOne(ptr uint64, dev int, apply func(ptr uint64, dev int)) {
 func fqTake(q *C.struct_xseg_fq, out []C.struct_xseg_fq_entry) (uint32, int) {
 	lock := (*int32)(unsafe.Pointer(&q.lock))
 	for spins := 0; !atomic.CompareAndSwapInt32(lock, 0, 1); spins++ {
-		if spins >= 64 {
-			runtime.Gosched()
-		}
+		backOff(spins)
 	}
 	// head and tail change only under the lock, whose taking and release
 	// are full barriers here and in shim.c: plain reads and writes do.
@@ -144,6 +149,3 @@ func parkFree(ptr uint64, dev int) bool { return C.xseg_fq_push(C.uint64_t(ptr),
 func init() {
 	lib.onStart = func(releaseThreshold uint64) { setFreesDirect(releaseThreshold > 0) }
 }
-
-// fqCap is the ring's capacity, XSEG_FQ_CAP.
-const fqCap = C.XSEG_FQ_CAP
