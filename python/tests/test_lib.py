@@ -188,6 +188,62 @@ def test_bad_devices_raise():
         xseg.set_memory_fraction(-0.1, 0)
 
 
+class _Index:
+    """An integer of another type (numpy's, torch's): it has __index__."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+
+def test_integer_arguments_are_checked_not_wrapped():
+    # ctypes alone would wrap these (device 2**32 is device 0, size 2**64
+    # is size 0) or truncate a float: every call checks first, and the
+    # library is never reached (its last error does not change).
+    before = xseg.last_error()
+    bad = [
+        (lambda: xseg.malloc(1.5), TypeError, "size must be an integer, not float"),
+        (lambda: xseg.malloc(2 ** 64), OverflowError, "argument 1"),
+        (lambda: xseg.malloc(10, device=2 ** 32), OverflowError, "argument 2"),
+        (lambda: xseg.malloc(10, device=0.0), TypeError, "argument 2"),
+        (lambda: xseg.malloc(10, stream=-1), OverflowError, "argument 3"),
+        (lambda: xseg.malloc(10, stream=2 ** 64), OverflowError, "argument 3"),
+        (lambda: xseg.malloc(10, stream=1.0), TypeError, "argument 3"),
+        (lambda: xseg.malloc(10, stream="0x1"), TypeError, "argument 3 must be an integer, not str"),
+        (lambda: xseg.record_stream(0x1000, b"s"), TypeError, "argument 2 must be an integer, not bytes"),
+        (lambda: xseg.free("0x1000"), TypeError, "argument 1 must be an integer, not str"),
+        (lambda: xseg.free(2 ** 64), OverflowError, "argument 1"),
+        (lambda: xseg.free(1.5), TypeError, "argument 1"),
+        (lambda: xseg.malloc_at_most(2 ** 64, 1), OverflowError, "argument 1"),
+        (lambda: xseg.malloc_at_most(4096.0, 1), TypeError, "max_bytes must be an integer"),
+        (lambda: _lib.malloc_in_pool(1.0, (1, 1)), TypeError, "size must be an integer"),
+        (lambda: _lib.raw_stats(2 ** 31), OverflowError, "argument 1"),
+        (lambda: _lib.empty_cache(-(2 ** 31) - 1), OverflowError, "argument 1"),
+        (lambda: _lib.record_history(0, 2 ** 64), OverflowError, "argument 2"),
+        (lambda: _lib.pool_retain(0, (2 ** 64, 0)), OverflowError, "argument 2"),
+        (lambda: xseg.load().xseg_malloc(1.5, 0, None), TypeError, "xseg_malloc argument 1"),
+        (lambda: xseg.load().xseg_free_block(0x1000, "0"), TypeError, "xseg_free_block argument 2"),
+    ]
+    for call, exc, msg in bad:
+        with pytest.raises(exc, match=msg):
+            call()
+    assert xseg.last_error() == before
+    p = xseg.malloc(_Index(4096), device=_Index(0))  # integers of other types pass
+    try:
+        assert p
+    finally:
+        xseg.free(_Index(p))
+
+
+def test_strings_with_nul_raise():
+    with pytest.raises(ValueError, match="NUL"):
+        xseg.configure("oom_max_retries:1\0,shareable:true")
+    with pytest.raises(ValueError, match="NUL"):
+        xseg.set_log_level("off\0debug")
+
+
 def test_set_log_level():
     for level in ("error", "warn", "off"):
         xseg.set_log_level(level)

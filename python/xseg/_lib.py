@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import operator
 import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -109,6 +110,58 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
 }
 
 
+# The range of each integer argument type: ctypes itself wraps an integer
+# that does not fit (device 2**32 would be device 0, size 2**64 size 0) and
+# truncates a float through int(), so every call checks its integers first.
+_RANGES: Dict[Any, Tuple[int, int]] = {
+    _INT: (-(1 << 31), (1 << 31) - 1),
+    _c.c_int64: (-(1 << 63), (1 << 63) - 1),
+    _SSZ: (-(1 << 63), (1 << 63) - 1),
+    _SZ: (0, (1 << 64) - 1),
+    _ULL: (0, (1 << 64) - 1),
+    _VP: (0, (1 << 64) - 1),  # an address or a stream handle; None is NULL
+}
+
+
+# What ctypes passes as it is: its own values, buffers, pointers and byref.
+_CTYPES_VALUES = (_c._SimpleCData, _c.Array, _c._Pointer, type(_c.byref(_c.c_int())))
+
+
+def _checked(name: str, f: Any, args: List[Any]) -> Callable[..., Any]:
+    """f, a declared function of libxseg, behind a check of its integer
+    arguments: TypeError for one that is not an integer (a float, a
+    string: ctypes would pass a pointer to a string's bytes as an address
+    or a stream handle), OverflowError for one out of its C type's range.
+    ctypes values, buffers, pointers and None (NULL, for an address) go to
+    ctypes as they are, and so do strings' arguments."""
+    checks = [(i, _RANGES[t]) for i, t in enumerate(args) if t in _RANGES]
+
+    def call(*a: Any) -> Any:
+        out = list(a)
+        for i, (lo, hi) in checks:
+            if i >= len(a):
+                continue  # ctypes reports the missing argument
+            v = a[i]
+            if isinstance(v, _CTYPES_VALUES) or (args[i] is _VP and v is None):
+                continue  # a ctypes value, buffer or pointer; NULL
+            n = _integer(v, f"{name} argument {i + 1}")
+            if not lo <= n <= hi:
+                raise OverflowError(f"xseg: {name} argument {i + 1}: {n} is out of range [{lo}, {hi}]")
+            out[i] = n
+        return f(*out)
+
+    call.__name__ = name
+    return call
+
+
+def _integer(v: Any, what: str) -> int:
+    """v as an int (anything with __index__), or TypeError naming what."""
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"xseg: {what} must be an integer, not {type(v).__name__}") from None
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     missing = [n for n in _SIGNATURES if not hasattr(lib, n)]
     if missing:
@@ -116,6 +169,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     for name, (res, args) in _SIGNATURES.items():
         f = getattr(lib, name)
         f.restype, f.argtypes = res, args
+        setattr(lib, name, _checked(name, f, args))
 
 
 def load(path: Optional[str] = None) -> ctypes.CDLL:
@@ -180,6 +234,8 @@ def configure(conf: str) -> None:
     ``"oom_max_retries:3,shareable:true"``) applied over $XSEG_CONF. Only
     before the first allocation; raises ValueError for a string that does
     not parse, XsegError when it is too late."""
+    if "\0" in conf:
+        raise ValueError(f"xseg: configuration {conf!r} contains NUL")
     lib = load()
     if lib.xseg_configure(conf.encode()) != 0:
         err = last_error() or ""
@@ -191,6 +247,8 @@ def configure(conf: str) -> None:
 def set_log_level(level: str) -> None:
     """Log to standard error at this level: "off", "error", "warn", "info",
     "debug"."""
+    if "\0" in str(level):
+        raise ValueError(f"xseg: log level {level!r} contains NUL")
     if load().xseg_set_log_level(str(level).encode()) != 0:
         raise ValueError(f"xseg: log level {level!r}: {last_error()}")
 
@@ -210,40 +268,40 @@ def flatten(d: Dict[str, Any], prefix: str = "", out: Optional[Dict[str, Any]] =
 
 def raw_stats(device: int) -> Dict[str, Any]:
     """The device's statistics, nested, as libxseg's JSON."""
-    return call_json(lambda lib: lib.xseg_stats_json(int(device)), "stats")
+    return call_json(lambda lib: lib.xseg_stats_json(device), "stats")
 
 
 def raw_snapshot(device: int) -> Dict[str, Any]:
     """The device's segments, ranges and blocks, as libxseg's JSON."""
-    return call_json(lambda lib: lib.xseg_snapshot_json(int(device)), "snapshot")
+    return call_json(lambda lib: lib.xseg_snapshot_json(device), "snapshot")
 
 
 def history(device: int) -> List[Dict[str, Any]]:
     """The recorded allocation events of device, oldest first (see
     record_history)."""
-    return call_json(lambda lib: lib.xseg_history_json(int(device)), "history")
+    return call_json(lambda lib: lib.xseg_history_json(device), "history")
 
 
 def record_history(device: int, max_entries: int) -> None:
     """Record the last max_entries allocation events of device (0: stop and
     drop them)."""
-    check(load().xseg_record_history(int(device), int(max_entries)), "record_history")
+    check(load().xseg_record_history(device, max_entries), "record_history")
 
 
 def empty_cache(device: int = -1) -> None:
     """Give every whole free page back to the driver (device -1: all)."""
-    check(load().xseg_empty_cache(int(device)), "empty_cache")
+    check(load().xseg_empty_cache(device), "empty_cache")
 
 
 def reset_peak_stats(device: int = -1) -> None:
     """Make every peak the current value (device -1: all)."""
-    check(load().xseg_reset_peak_stats(int(device)), "reset_peak_stats")
+    check(load().xseg_reset_peak_stats(device), "reset_peak_stats")
 
 
 def reset_accumulated_stats(device: int = -1) -> None:
     """Zero the accumulated counters (allocated/freed totals, retries,
     OOMs) (device -1: all)."""
-    check(load().xseg_reset_accumulated_stats(int(device)), "reset_accumulated_stats")
+    check(load().xseg_reset_accumulated_stats(device), "reset_accumulated_stats")
 
 
 def set_memory_fraction(fraction: float, device: int) -> None:
@@ -254,7 +312,7 @@ def set_memory_fraction(fraction: float, device: int) -> None:
     f = float(fraction)
     if not 0.0 <= f <= 1.0:
         raise ValueError(f"xseg: memory fraction {fraction!r} is not in [0, 1]")
-    load().xseg_set_memory_fraction(f, int(device))
+    load().xseg_set_memory_fraction(f, device)
     if memory_fraction(device) != f:
         raise XsegError(f"xseg: set_memory_fraction({f}, {device}) failed: {last_error()}")
 
@@ -262,7 +320,7 @@ def set_memory_fraction(fraction: float, device: int) -> None:
 def memory_fraction(device: int) -> float:
     """The memory fraction set for device (0.0 if none)."""
     out = ctypes.c_double()
-    check(load().xseg_memory_fraction(int(device), ctypes.byref(out)), "memory_fraction")
+    check(load().xseg_memory_fraction(device, ctypes.byref(out)), "memory_fraction")
     return out.value
 
 
@@ -270,9 +328,10 @@ def malloc(size: int, device: int = 0, stream: int = 0) -> int:
     """Allocate size bytes on device for use on stream (a CUstream handle, 0
     for the default stream); returns the address. Raises
     OutOfMemoryError or XsegError."""
+    size = _integer(size, "malloc's size")
     if size < 0:
         raise ValueError(f"xseg: malloc of a negative size {size}")
-    p = load().xseg_malloc(int(size), int(device), stream or None)
+    p = load().xseg_malloc(size, device, stream or None)
     if not p and size:
         _raise_alloc("malloc", size)
     return p or 0
@@ -282,10 +341,11 @@ def malloc_at_most(max_bytes: int, min_bytes: int, device: int = 0, stream: int 
     """Allocate as much as it can of at most max_bytes and at least
     min_bytes, shrinking the request by the configured oom_size_factor
     (OOM_SIZE_FACTOR) after each out-of-memory; returns (address, size)."""
+    max_bytes, min_bytes = _integer(max_bytes, "max_bytes"), _integer(min_bytes, "min_bytes")
     if not 0 < min_bytes <= max_bytes:
         raise ValueError(f"xseg: malloc_at_most needs 0 < min_bytes <= max_bytes, got {min_bytes}, {max_bytes}")
     got = ctypes.c_size_t()
-    p = load().xseg_malloc_at_most(int(max_bytes), int(min_bytes), int(device), stream or None, ctypes.byref(got))
+    p = load().xseg_malloc_at_most(max_bytes, min_bytes, device, stream or None, ctypes.byref(got))
     if not p:
         _raise_alloc("malloc_at_most", min_bytes)
     return p, got.value
@@ -305,7 +365,7 @@ def free(ptr: int, device: int = 0) -> None:
     xseg did not hand out."""
     if not ptr:
         return
-    check(load().xseg_free_block(ptr, int(device)), "free")
+    check(load().xseg_free_block(ptr, device), "free")
 
 
 def record_stream(ptr: int, stream: int) -> bool:
@@ -337,7 +397,7 @@ def share_block(ptr: int, device: int = 0, importers: int = 0) -> bytes:
     buf = getattr(_share_bufs, "buf", None)
     if buf is None:
         buf = _share_bufs.buf = ctypes.create_string_buffer(DESC_CAP)
-    n = load().xseg_share_for(ptr, int(device), int(importers), buf, DESC_CAP)
+    n = load().xseg_share_for(ptr, device, importers, buf, DESC_CAP)
     if n < 0:
         raise XsegError(f"xseg: share failed: {last_error()}")
     return ctypes.string_at(buf, n)
@@ -392,7 +452,7 @@ def open_block(desc: bytes, device: int = 0, wait: bool = True) -> Mapping:
     ptr, size = ctypes.c_void_p(), ctypes.c_size_t()
     lib = load()
     fn = lib.xseg_open if wait else lib.xseg_open_nowait
-    h = fn(d, len(d), int(device), ctypes.byref(ptr), ctypes.byref(size))
+    h = fn(d, len(d), device, ctypes.byref(ptr), ctypes.byref(size))
     if h < 0:
         raise XsegError(f"xseg: open failed: {last_error()}")
     return Mapping(h, ptr.value or 0, size.value)
@@ -403,28 +463,29 @@ def open_block(desc: bytes, device: int = 0, wait: bool = True) -> Mapping:
 def pool_retain(device: int, pool: Tuple[int, int]) -> None:
     """Make private pool ``pool`` (a pair of ints) on device if need be and
     hold one more use of it."""
-    check(load().xseg_pool_retain(int(device), int(pool[0]), int(pool[1])), "pool_retain")
+    check(load().xseg_pool_retain(device, pool[0], pool[1]), "pool_retain")
 
 
 def pool_release(device: int, pool: Tuple[int, int]) -> None:
     """Drop one use of private pool ``pool``; the last gives its memory
     back."""
-    check(load().xseg_pool_release(int(device), int(pool[0]), int(pool[1])), "pool_release")
+    check(load().xseg_pool_release(device, pool[0], pool[1]), "pool_release")
 
 
 def pool_allocations(pool: Tuple[int, int], device: int) -> List[int]:
     """Addresses of the blocks allocated now in private pool ``pool``."""
     first, second = pool
-    return call_json(lambda lib: lib.xseg_pool_json(int(device), int(first), int(second), 0), "pool_allocations")
+    return call_json(lambda lib: lib.xseg_pool_json(device, first, second, 0), "pool_allocations")
 
 
 def malloc_in_pool(size: int, pool: Tuple[int, int], device: int = 0, stream: int = 0) -> int:
     """Allocate size bytes on device from private pool ``pool`` (which must
     be retained: a tag's id from tag(), a MemPool's); returns the address.
     Raises PausedError in a paused tag, OutOfMemoryError, XsegError."""
+    size = _integer(size, "malloc_in_pool's size")
     if size < 0:
         raise ValueError(f"xseg: malloc_in_pool of a negative size {size}")
-    p = load().xseg_malloc_in_pool(int(size), int(device), stream or None, int(pool[0]), int(pool[1]))
+    p = load().xseg_malloc_in_pool(size, device, stream or None, pool[0], pool[1])
     if not p and size:
         _raise_alloc("malloc_in_pool", size)
     return p or 0
@@ -448,38 +509,38 @@ def tag(name: str, device: int = 0) -> Tuple[int, int]:
     """Make tag ``name`` on device if need be and return its private pool
     id (first, second): malloc_in_pool with it allocates in the tag."""
     first, second = ctypes.c_ulonglong(), ctypes.c_ulonglong()
-    check(load().xseg_tag(int(device), _tag_arg(name), ctypes.byref(first), ctypes.byref(second)), f"tag({name!r})")
+    check(load().xseg_tag(device, _tag_arg(name), ctypes.byref(first), ctypes.byref(second)), f"tag({name!r})")
     return first.value, second.value
 
 
 def begin_region(name: str, device: int = 0) -> None:
     """Send the calling thread's allocations on device to tag ``name``
     until end_region (regions nest, innermost wins)."""
-    check(load().xseg_begin_region(int(device), _tag_arg(name)), f"begin_region({name!r})")
+    check(load().xseg_begin_region(device, _tag_arg(name)), f"begin_region({name!r})")
 
 
 def end_region(device: int = 0) -> None:
     """End the calling thread's innermost region on device."""
-    check(load().xseg_end_region(int(device)), "end_region")
+    check(load().xseg_end_region(device), "end_region")
 
 
 def pause_tag(name: Optional[str], backup: bool, device: int = -1) -> None:
     """Pause tag ``name`` (None: every tag) of device (-1: every device)."""
-    check(load().xseg_pause(int(device), _tag_arg(name), 1 if backup else 0), f"pause({name!r})")
+    check(load().xseg_pause(device, _tag_arg(name), 1 if backup else 0), f"pause({name!r})")
 
 
 def resume_tag(name: Optional[str], device: int = -1) -> None:
     """Resume tag ``name`` (None: every paused tag) of device (-1: every
     device)."""
-    check(load().xseg_resume(int(device), _tag_arg(name)), f"resume({name!r})")
+    check(load().xseg_resume(device, _tag_arg(name)), f"resume({name!r})")
 
 
 def raw_tag_stats(name: str, device: int) -> Dict[str, Any]:
     """The statistics of tag ``name`` on device, as libxseg's JSON."""
     arg = _tag_arg(name)
-    return call_json(lambda lib: lib.xseg_tag_stats_json(int(device), arg), f"tag_stats({name!r})")
+    return call_json(lambda lib: lib.xseg_tag_stats_json(device, arg), f"tag_stats({name!r})")
 
 
 def raw_tags(device: int) -> List[Dict[str, Any]]:
     """The statistics of every tag of device, by name."""
-    return call_json(lambda lib: lib.xseg_tags_json(int(device)), "tags")
+    return call_json(lambda lib: lib.xseg_tags_json(device), "tags")
