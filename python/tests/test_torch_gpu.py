@@ -140,6 +140,27 @@ def test_memory_fraction_is_a_real_limit():
     assert 0 < r["shrunk"] <= r["limit"]
 
 
+def test_allocate_tensor_bad_arguments():
+    r = run("""
+        got = {}
+        for name, call in (("float", lambda: xseg.allocate_tensor(10.5)),
+                           ("min_float", lambda: xseg.allocate_tensor(10, min_elements=2.0)),
+                           ("min_over", lambda: xseg.allocate_tensor(10, min_elements=11)),
+                           ("zero", lambda: xseg.allocate_tensor(0)),
+                           ("huge", lambda: xseg.allocate_tensor(1 << 62, torch.float64))):
+            try:
+                call()
+                got[name] = None
+            except Exception as e:
+                got[name] = type(e).__name__
+        t = xseg.allocate_tensor(1000, torch.float16, min_elements=1000)
+        out(got=got, n=t.numel(), dtype=str(t.dtype))
+        """)
+    assert r["got"] == {"float": "TypeError", "min_float": "TypeError", "min_over": "ValueError",
+                        "zero": "ValueError", "huge": "OverflowError"}
+    assert r["n"] == 1000 and r["dtype"] == "torch.float16"
+
+
 def test_record_stream_goes_through_the_hook():
     r = run("""
         s = torch.cuda.Stream()

@@ -336,13 +336,14 @@ def allocate_tensor(num_elements: int, dtype: Any = None, device: Any = None,
     torch = _torch()
     dtype = torch.float32 if dtype is None else dtype
     itemsize = torch.empty((), dtype=dtype).element_size()
-    lo = 1 if min_elements is None else int(min_elements)
-    if not 0 < lo <= int(num_elements):
-        raise ValueError(f"xseg: allocate_tensor needs 0 < min_elements <= num_elements, got {lo}, {num_elements}")
+    num = _lib._integer(num_elements, "allocate_tensor's num_elements")
+    lo = 1 if min_elements is None else _lib._integer(min_elements, "allocate_tensor's min_elements")
+    if not 0 < lo <= num:
+        raise ValueError(f"xseg: allocate_tensor needs 0 < min_elements <= num_elements, got {lo}, {num}")
     dev = _device(device)
     stream = torch.cuda.current_stream(dev).cuda_stream
     try:
-        ptr, size = _lib.malloc_at_most(int(num_elements) * itemsize, lo * itemsize, dev, stream)
+        ptr, size = _lib.malloc_at_most(num * itemsize, lo * itemsize, dev, stream)
     except _lib.OutOfMemoryError as e:
         raise torch.OutOfMemoryError("CUDA out of memory. " + str(e)) from None
     holder = _Block(ptr, size, dev)
