@@ -59,7 +59,10 @@
 // No function panics into C: each recovers, records the panic as an error
 // and returns its failure value. Failures are NULL or -1 and keep their text
 // for xseg_last_error (process-wide, the most recent failure of any thread,
-// at most 4 KiB of text).
+// at most 4 KiB of text) and for xseg_thread_error (the calling thread's
+// own most recent failure, kept in a thread-local buffer that the failing
+// call writes on its caller's thread: what a caller reads right after its
+// call failed, whatever other threads do; the Python package reads it).
 // Freeing a pointer xseg did not return, or on a device without an
 // allocator, records an error and changes nothing.
 package main

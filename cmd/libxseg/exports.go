@@ -24,11 +24,13 @@ var lastErr lastError
 
 func main() {}
 
-// fail records the failure of the C function name and logs it, both
-// bounded in length.
+// fail records the failure of the C function name, for xseg_last_error
+// and for the calling thread's xseg_thread_error, and logs it, all bounded
+// in length.
 func fail(name string, err error) {
 	msg := boundText(name + ": " + err.Error())
 	lastErr.set(msg)
+	setThreadError(msg)
 	lib.log.Warn("xseg: call failed", "err", msg)
 }
 

@@ -1,7 +1,48 @@
 package main
 
 /*
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
+
+// The calling thread's last failure, for xseg_thread_error: fail runs on
+// the thread of the C caller whose call failed (a call from C into Go runs
+// on the caller's own thread), so a buffer per thread keeps each thread's
+// own. It is made at the thread's first failure and freed when the thread
+// exits (the key's destructor); a __thread array would not do, as a
+// library loaded with dlopen has little static TLS room. Its size holds
+// the longest text boundText makes.
+enum { xseg_thread_err_cap = 4096 + 1 };
+static pthread_key_t xseg_thread_err_key;
+static pthread_once_t xseg_thread_err_once = PTHREAD_ONCE_INIT;
+static int xseg_thread_err_ok;
+
+static void xseg_thread_err_init(void) { xseg_thread_err_ok = pthread_key_create(&xseg_thread_err_key, free) == 0; }
+
+static void xseg_set_thread_error(const char* msg, size_t n) {
+	pthread_once(&xseg_thread_err_once, xseg_thread_err_init);
+	if (!xseg_thread_err_ok) {
+		return;
+	}
+	char* buf = pthread_getspecific(xseg_thread_err_key);
+	if (buf == NULL) {
+		if ((buf = malloc(xseg_thread_err_cap)) == NULL || pthread_setspecific(xseg_thread_err_key, buf) != 0) {
+			free(buf);
+			return;
+		}
+	}
+	if (n > xseg_thread_err_cap - 1) {
+		n = xseg_thread_err_cap - 1;
+	}
+	memcpy(buf, msg, n);
+	buf[n] = 0;
+}
+
+const char* xseg_thread_error(void) {
+	pthread_once(&xseg_thread_err_once, xseg_thread_err_init);
+	const char* buf = xseg_thread_err_ok ? pthread_getspecific(xseg_thread_err_key) : NULL;
+	return buf != NULL ? buf : "";
+}
 */
 import "C"
 
@@ -51,6 +92,12 @@ type lastError struct {
 		retired [retiredErrors]*C.char
 		next    int
 	}
+}
+
+// setThreadError makes msg, already bounded, the calling thread's last
+// error for xseg_thread_error. C copies it at once and keeps no pointer.
+func setThreadError(msg string) {
+	C.xseg_set_thread_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
 }
 
 // set makes msg, bounded by boundText, the last error.

@@ -43,6 +43,7 @@ void* xseg_malloc(ssize_t size, int device, void* stream) {
 	case 1:
 		return (void*)xsegGoMallocInPool(size, device, (uintptr_t)stream, first, second, NULL, NULL);
 	default:
+		xsegGoSetError("xseg_malloc", "the stream filter of an active CUDA graph pool failed");
 		return NULL;
 	}
 }

@@ -311,6 +311,16 @@ const char* xseg_version(void);
  * at once. */
 const char* xseg_last_error(void);
 
+/* xseg_thread_error returns the text of the most recent failure of a call
+ * the calling thread made, "" if none: what xseg_last_error said right
+ * after it, whatever other threads have failed since. Unlike
+ * xseg_last_error it applies no parked frees, so reading it right after a
+ * failed call gives that call's own reason; a bad xseg_free shows here
+ * once a call of this thread has applied it (any thread's: see xseg_free),
+ * and a later failing call of the thread replaces it. The string belongs
+ * to the thread and stays valid until its next failure; at most 4 KiB. */
+const char* xseg_thread_error(void);
+
 #ifdef __cplusplus
 }
 #endif

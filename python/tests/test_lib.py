@@ -315,6 +315,45 @@ def test_concurrent_malloc_free_from_8_threads():
     assert stats()["allocation.all.current"] == before
 
 
+def test_each_thread_gets_its_own_failure():
+    # Two threads fail differently at once: each exception names its own
+    # call's reason and has its type (xseg_thread_error), where the
+    # process-wide last error would often be the other thread's.
+    errors = []
+    barrier = threading.Barrier(2)
+
+    def oom():
+        barrier.wait()
+        for _ in range(3000):
+            try:
+                xseg.malloc(2 * CAPACITY)
+                errors.append("2 x capacity allocated")
+            except xseg.OutOfMemoryError as e:
+                if "out of memory" not in str(e):
+                    errors.append(f"oom thread: {e}")
+            except BaseException as e:
+                errors.append(f"oom thread: {type(e).__name__}: {e}")
+
+    def bad_free():
+        barrier.wait()
+        for _ in range(3000):
+            try:
+                xseg.free(0x7F0000002000)
+                errors.append("a bad free passed")
+            except xseg.OutOfMemoryError as e:
+                errors.append(f"free thread got an OOM: {e}")
+            except xseg.XsegError as e:
+                if "xseg_free_block" not in str(e):
+                    errors.append(f"free thread: {e}")
+
+    ts = [threading.Thread(target=oom), threading.Thread(target=bad_free)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not errors, errors[:3]
+
+
 # --- a fresh library in a subprocess ---
 
 STATS_KEYS = [

@@ -43,6 +43,7 @@ from ._lib import (
     pool_retain,
     record_history,
     record_stream,
+    thread_error,
     reset_accumulated_stats,
     set_log_level,
     set_memory_fraction,
@@ -102,5 +103,5 @@ __all__ = [
     "open_tensor", "pause", "peak_memory", "pool_allocations", "pool_release", "pool_retain", "record_history",
     "record_stream", "region", "reset_accumulated_stats", "reset_peak_stats", "resume", "set_log_level",
     "set_memory_fraction", "setup_allocator", "share", "share_block", "sleep", "snapshot", "stats", "tag_stats",
-    "tags", "uninstall", "unshare", "use_memory_pool", "version", "wake_up",
+    "tags", "thread_error", "uninstall", "unshare", "use_memory_pool", "version", "wake_up",
 ]

@@ -107,6 +107,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "xseg_tags_json": (_VP, [_INT]),
     "xseg_version": (_c.c_char_p, []),
     "xseg_last_error": (_c.c_char_p, []),
+    "xseg_thread_error": (_c.c_char_p, []),
 }
 
 
@@ -205,6 +206,14 @@ def last_error() -> Optional[str]:
     return s.decode(errors="replace") if s else None
 
 
+def thread_error() -> Optional[str]:
+    """The text of the most recent failure of a call this thread made, or
+    None: the reason a call that just failed gives, whatever other threads
+    have failed since (every error this package raises quotes it)."""
+    s = load().xseg_thread_error()
+    return s.decode(errors="replace") if s else None
+
+
 def version() -> str:
     """The library's version string."""
     return load().xseg_version().decode()
@@ -213,7 +222,7 @@ def version() -> str:
 def check(rc: int, what: str) -> None:
     """Raise XsegError with libxseg's reason unless rc is 0."""
     if rc != 0:
-        raise XsegError(f"xseg: {what} failed: {last_error()}")
+        raise XsegError(f"xseg: {what} failed: {thread_error()}")
 
 
 def call_json(call: Callable[[ctypes.CDLL], Any], what: str) -> Any:
@@ -222,7 +231,7 @@ def call_json(call: Callable[[ctypes.CDLL], Any], what: str) -> Any:
     lib = load()
     p = call(lib)
     if not p:
-        raise XsegError(f"xseg: {what} failed: {last_error()}")
+        raise XsegError(f"xseg: {what} failed: {thread_error()}")
     try:
         return json.loads(ctypes.string_at(p).decode())
     finally:
@@ -238,7 +247,7 @@ def configure(conf: str) -> None:
         raise ValueError(f"xseg: configuration {conf!r} contains NUL")
     lib = load()
     if lib.xseg_configure(conf.encode()) != 0:
-        err = last_error() or ""
+        err = thread_error() or ""
         if "after first use" in err:
             raise XsegError(f"xseg: configure({conf!r}): {err}")
         raise ValueError(f"xseg: configuration {conf!r}: {err}")
@@ -250,7 +259,7 @@ def set_log_level(level: str) -> None:
     if "\0" in str(level):
         raise ValueError(f"xseg: log level {level!r} contains NUL")
     if load().xseg_set_log_level(str(level).encode()) != 0:
-        raise ValueError(f"xseg: log level {level!r}: {last_error()}")
+        raise ValueError(f"xseg: log level {level!r}: {thread_error()}")
 
 
 def flatten(d: Dict[str, Any], prefix: str = "", out: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -314,7 +323,7 @@ def set_memory_fraction(fraction: float, device: int) -> None:
         raise ValueError(f"xseg: memory fraction {fraction!r} is not in [0, 1]")
     load().xseg_set_memory_fraction(f, device)
     if memory_fraction(device) != f:
-        raise XsegError(f"xseg: set_memory_fraction({f}, {device}) failed: {last_error()}")
+        raise XsegError(f"xseg: set_memory_fraction({f}, {device}) failed: {thread_error()}")
 
 
 def memory_fraction(device: int) -> float:
@@ -352,7 +361,7 @@ def malloc_at_most(max_bytes: int, min_bytes: int, device: int = 0, stream: int 
 
 
 def _raise_alloc(what: str, size: int) -> None:
-    err = last_error() or "unknown error"
+    err = thread_error() or "unknown error"
     if "the tag is paused" in err:
         raise PausedError(f"xseg: {what} of {size} bytes: {err}")
     if "out of memory" in err:
@@ -373,7 +382,7 @@ def record_stream(ptr: int, stream: int) -> bool:
     block of xseg."""
     rc = load().xseg_record_stream(ptr, stream or None)
     if rc < 0:
-        raise XsegError(f"xseg: record_stream failed: {last_error()}")
+        raise XsegError(f"xseg: record_stream failed: {thread_error()}")
     return rc == 0
 
 
@@ -399,7 +408,7 @@ def share_block(ptr: int, device: int = 0, importers: int = 0) -> bytes:
         buf = _share_bufs.buf = ctypes.create_string_buffer(DESC_CAP)
     n = load().xseg_share_for(ptr, device, importers, buf, DESC_CAP)
     if n < 0:
-        raise XsegError(f"xseg: share failed: {last_error()}")
+        raise XsegError(f"xseg: share failed: {thread_error()}")
     return ctypes.string_at(buf, n)
 
 
@@ -454,7 +463,7 @@ def open_block(desc: bytes, device: int = 0, wait: bool = True) -> Mapping:
     fn = lib.xseg_open if wait else lib.xseg_open_nowait
     h = fn(d, len(d), device, ctypes.byref(ptr), ctypes.byref(size))
     if h < 0:
-        raise XsegError(f"xseg: open failed: {last_error()}")
+        raise XsegError(f"xseg: open failed: {thread_error()}")
     return Mapping(h, ptr.value or 0, size.value)
 
 

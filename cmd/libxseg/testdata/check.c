@@ -27,6 +27,7 @@ SYM(xseg_open)
 SYM(xseg_close)
 SYM(xseg_open_nowait)
 SYM(xseg_open_wait)
+SYM(xseg_thread_error)
 
 
 static void load(const char* path) {
@@ -36,7 +37,7 @@ static void load(const char* path) {
 	LOAD(h, xseg_empty_cache) LOAD(h, xseg_reset_peak_stats) LOAD(h, xseg_configure)
 	LOAD(h, xseg_set_log_level) LOAD(h, xseg_version)
 	LOAD(h, xseg_share) LOAD(h, xseg_unshare) LOAD(h, xseg_open) LOAD(h, xseg_close)
-	LOAD(h, xseg_open_nowait) LOAD(h, xseg_open_wait)
+	LOAD(h, xseg_open_nowait) LOAD(h, xseg_open_wait) LOAD(h, xseg_thread_error)
 }
 
 
@@ -203,6 +204,51 @@ static void free_queue(void) {
 	CHECK(stat(0, "allocation", "current") == 0, "threads freed everything");
 }
 
+// thread_errors: two threads fail differently at once; each reads its own
+// reason with xseg_thread_error, whatever xseg_last_error says by then.
+static void* fail_negative(void* arg) {
+	long wrong = 0;
+	for (int i = 0; i < 300; i++) {
+		wrong += p_xseg_malloc(-8, 0, NULL) != NULL || !strstr(p_xseg_thread_error(), "negative size");
+	}
+	return (void*)wrong;
+}
+
+static void* fail_oom(void* arg) {
+	long wrong = 0;
+	for (int i = 0; i < 300; i++) {
+		wrong += p_xseg_malloc(2LL << 30, 0, NULL) != NULL || !strstr(p_xseg_thread_error(), "out of memory");
+	}
+	return (void*)wrong;
+}
+
+static void* fresh_thread(void* arg) { return (void*)(long)(strcmp(p_xseg_thread_error(), "") != 0); }
+
+static void thread_errors(void) {
+	pthread_t a, b, c;
+	pthread_create(&c, NULL, fresh_thread, NULL);
+	void* dirty;
+	pthread_join(c, &dirty);
+	CHECK(dirty == NULL, "a thread that never failed has an error: %s", p_xseg_thread_error());
+	pthread_create(&a, NULL, fail_negative, NULL);
+	pthread_create(&b, NULL, fail_oom, NULL);
+	void *wa, *wb;
+	pthread_join(a, &wa);
+	pthread_join(b, &wb);
+	CHECK(wa == NULL && wb == NULL, "threads read another's reason: %ld and %ld of 300", (long)wa, (long)wb);
+	// The calling thread's text is bounded as xseg_last_error's is.
+	static char conf[10000];
+	memset(conf, 'k', sizeof conf - 1);
+	CHECK(p_xseg_set_log_level(conf) == -1, "a 10 KB log level accepted");
+	size_t n = strlen(p_xseg_thread_error());
+	CHECK(n > 0 && n <= 4096 && strcmp(p_xseg_thread_error() + n - 3, "...") == 0, "thread error of %zu bytes", n);
+	// A call that succeeds leaves the thread's last failure as it was.
+	void* p = p_xseg_malloc(1 << 20, 0, NULL);
+	CHECK(p != NULL, "allocation after the failures");
+	CHECK(n == strlen(p_xseg_thread_error()), "a successful call changed the thread's error");
+	p_xseg_free(p, 1 << 20, 0, NULL);
+}
+
 static void latency(void) {
 	const size_t sizes[] = {512, 4096, 65536, 1 << 20, 3 << 20, 24 << 20, 100 << 20};
 	const int n = sizeof sizes / sizeof sizes[0], rounds = 20000;
@@ -299,6 +345,7 @@ int main(int argc, char** argv) {
 	out_of_memory();
 	threads();
 	free_queue();
+	thread_errors();
 	latency();
 	if (failures) {
 		printf("%d checks failed\n", failures);
