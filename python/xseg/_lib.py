@@ -243,10 +243,9 @@ def configure(conf: str) -> None:
     ``"oom_max_retries:3,shareable:true"``) applied over $XSEG_CONF. Only
     before the first allocation; raises ValueError for a string that does
     not parse, XsegError when it is too late."""
-    if "\0" in conf:
-        raise ValueError(f"xseg: configuration {conf!r} contains NUL")
+    c = _c_string(conf, "configuration")
     lib = load()
-    if lib.xseg_configure(conf.encode()) != 0:
+    if lib.xseg_configure(c) != 0:
         err = thread_error() or ""
         if "after first use" in err:
             raise XsegError(f"xseg: configure({conf!r}): {err}")
@@ -256,9 +255,7 @@ def configure(conf: str) -> None:
 def set_log_level(level: str) -> None:
     """Log to standard error at this level: "off", "error", "warn", "info",
     "debug"."""
-    if "\0" in str(level):
-        raise ValueError(f"xseg: log level {level!r} contains NUL")
-    if load().xseg_set_log_level(str(level).encode()) != 0:
+    if load().xseg_set_log_level(_c_string(str(level), "log level")) != 0:
         raise ValueError(f"xseg: log level {level!r}: {thread_error()}")
 
 
@@ -502,16 +499,19 @@ def malloc_in_pool(size: int, pool: Tuple[int, int], device: int = 0, stream: in
 
 # Tags: pause and resume (the user-facing functions are in _pause.py).
 
+def _c_string(s: str, what: str) -> bytes:
+    """s as a C string. ctypes would cut it at a NUL without a word:
+    refuse one here."""
+    if not isinstance(s, str):
+        raise TypeError(f"xseg: a {what} is a str, not {type(s).__name__}")
+    if "\0" in s:
+        raise ValueError(f"xseg: {what} {s!r} contains NUL")
+    return s.encode("utf-8")  # a lone surrogate: UnicodeEncodeError, a ValueError
+
+
 def _tag_arg(name: Optional[str]) -> Optional[bytes]:
-    """A tag name as the C API takes it; None stays None (every tag).
-    ctypes would cut a string at a NUL without a word: refuse it here."""
-    if name is None:
-        return None
-    if not isinstance(name, str):
-        raise TypeError(f"xseg: a tag name is a str, not {type(name).__name__}")
-    if "\0" in name:
-        raise ValueError(f"xseg: tag name {name!r} contains NUL")
-    return name.encode("utf-8")  # a lone surrogate: UnicodeEncodeError, a ValueError
+    """A tag name as the C API takes it; None stays None (every tag)."""
+    return None if name is None else _c_string(name, "tag name")
 
 
 def tag(name: str, device: int = 0) -> Tuple[int, int]:
