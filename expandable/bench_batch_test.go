@@ -39,3 +39,30 @@ func BenchmarkAllocFreeBatch(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(torchLatencySizes)), "ns/pair")
 }
+
+// BenchmarkAllocFreeSingle is the single loop of torch_latency.cpp: allocate
+// one block and free it at once, the sizes in turn, on a warm cache, under
+// the default policy. ns/pair is per Alloc+Free pair.
+func BenchmarkAllocFreeSingle(b *testing.B) {
+	a := newAlloc(b, benchDriver(b), DefaultConfig())
+	pair := func(n uint64) {
+		p, err := a.Alloc(n, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := a.Free(p); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, n := range torchLatencySizes {
+		pair(n)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		for _, n := range torchLatencySizes {
+			pair(n)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(torchLatencySizes)), "ns/pair")
+}

@@ -1,0 +1,456 @@
+"""Everyday PyTorch programs, run unchanged under PyTorch's own allocator and
+under xseg (installed and nothing else changed), each allocator in its own
+process; the results must agree.
+
+    python3 programs.py                  # both sides; exit 1 if any program differs
+    python3 programs.py run native|xseg  # one side, prints "RESULT {json}"
+    python3 programs.py run xseg NAME... # only the named programs
+
+Each program is a small piece of code of the kind people already run
+(mixed precision, checkpointing, streams, DataLoader with pinned memory,
+cudnn autotuning, CUDA graphs, torch.compile, serialization, Hugging Face
+generation, the deprecated memory aliases...). It returns what it computed;
+a program that raises returns the exception's type. A program agrees when
+both sides raised the same type, or neither raised and the results are
+equal (floats within the program's tolerance: 0 unless an autotuner may
+pick other kernels). None of them was written for xseg: they are the
+checks a user's own script would make."""
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+here = os.path.dirname(os.path.abspath(__file__))
+# Deterministic cuBLAS, so that both sides compute the same bits.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+PROGRAMS = []  # (name, tolerance, fn)
+
+
+def program(tol=0.0):
+    def add(fn):
+        PROGRAMS.append((fn.__name__, tol, fn))
+        return fn
+    return add
+
+
+def mlp(torch, d=256):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d)).cuda()
+
+
+def batches(torch, n, d=256, seed=1):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(32 + 8 * (i % 3), d, device="cuda", generator=g) for i in range(n)]
+
+
+@program()
+def stats_before_any_tensor(torch):
+    # First thing in the process: no CUDA tensor yet.
+    return {"allocated": torch.cuda.memory_allocated(), "max_allocated": torch.cuda.max_memory_allocated(),
+            "stats_is_dict": isinstance(torch.cuda.memory_stats(), dict)}
+
+
+@program()
+def deprecated_aliases(torch):
+    import warnings
+    base = torch.cuda.memory_allocated()
+    x = torch.empty(1000, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cached = torch.cuda.memory_cached()
+        max_cached = torch.cuda.max_memory_cached()
+        torch.cuda.reset_max_memory_allocated()
+        torch.cuda.reset_max_memory_cached()
+    r = {"delta": torch.cuda.memory_allocated() - base, "cached_covers": cached >= x.numel() * 4,
+         "max_cached_covers": max_cached >= cached, "max_after_reset": torch.cuda.max_memory_allocated() - base}
+    del x
+    return r
+
+
+@program()
+def amp_grad_scaler(torch):
+    model = mlp(torch)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cuda")
+    losses = []
+    for x in batches(torch, 8):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = (model(x) - x).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    return {"losses": losses, "scale": scaler.get_scale()}
+
+
+@program()
+def activation_checkpointing(torch):
+    from torch.utils.checkpoint import checkpoint
+    model = mlp(torch)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for x in batches(torch, 6):
+        y = checkpoint(model, x, use_reentrant=False)
+        loss = (y - x).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses}
+
+
+@program()
+def attention_sdpa(torch):
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(4, 8, 512, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.float().sum().backward()
+    return {"out": out.float().sum().item(), "grad": q.grad.float().abs().sum().item()}
+
+
+@program(tol=1e-3)
+def conv_cudnn_benchmark(torch):
+    torch.backends.cudnn.benchmark = True
+    try:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+                                  torch.nn.Conv2d(32, 64, 3, stride=2, padding=1), torch.nn.ReLU(),
+                                  torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10)).cuda()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator(device="cuda").manual_seed(3)
+        losses = []
+        for i in range(6):
+            x = torch.randn(16, 3, 64 + 16 * (i % 2), 64, device="cuda", generator=g)
+            y = torch.randint(0, 10, (16,), device="cuda", generator=g)
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return {"losses": losses}
+    finally:
+        torch.backends.cudnn.benchmark = False
+
+
+@program()
+def side_stream_record_stream(torch):
+    s = torch.cuda.Stream()
+    sums = []
+    for i in range(20):
+        a = torch.full((1 << 20,), float(i), device="cuda")
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            b = a * 2 + 1
+        a.record_stream(s)
+        del a  # freed while s may still read it
+        torch.cuda.current_stream().wait_stream(s)
+        b.record_stream(torch.cuda.current_stream())
+        c = torch.empty(1 << 20, device="cuda").fill_(-1.0)  # may reuse a's block once that is safe
+        sums.append((b.sum() + c.sum()).item())
+    return {"sums": sums}
+
+
+@program()
+def pinned_dataloader(torch):
+    from torch.utils.data import DataLoader, TensorDataset
+    g = torch.Generator().manual_seed(4)
+    ds = TensorDataset(torch.randn(512, 64, generator=g), torch.randint(0, 4, (512,), generator=g))
+    loader = DataLoader(ds, batch_size=64, shuffle=False, pin_memory=True, num_workers=2)
+    total, labels = torch.zeros((), device="cuda", dtype=torch.float64), 0
+    for x, y in loader:
+        x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+        total += x.double().sum()
+        labels += int(y.sum().item())
+    return {"total": total.item(), "labels": labels}
+
+
+@program()
+def graphed_callables(torch):
+    model = mlp(torch, 128)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    sample = torch.randn(16, 128, device="cuda", requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(model, (sample,))
+    g = torch.Generator(device="cuda").manual_seed(5)
+    losses = []
+    for _ in range(6):
+        x = torch.randn(16, 128, device="cuda", generator=g)
+        loss = (graphed(x) - x).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses}
+
+
+@program()
+def cuda_graph_capture_replay(torch):
+    static_in = torch.zeros(4096, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up on a side stream, as PyTorch's docs do
+        for _ in range(3):
+            static_out = (static_in * 3).sin() + 1
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tmp = static_in * 3
+        static_out = tmp.sin() + 1
+        del tmp
+    outs = []
+    for i in range(5):
+        static_in.copy_(torch.arange(4096, device="cuda", dtype=torch.float32) * (i + 1))
+        junk = torch.randn(1 << 18, device="cuda")  # allocations between replays
+        graph.replay()
+        outs.append(static_out.sum().item())
+        del junk
+    torch.cuda.empty_cache()  # the graph's memory must survive it
+    graph.replay()
+    outs.append(static_out.sum().item())
+    return {"outs": outs}
+
+
+@program()
+def caching_allocator_alloc_delete(torch):
+    base = torch.cuda.memory_allocated()
+    s = torch.cuda.Stream()
+    p = torch.cuda.caching_allocator_alloc(1 << 20, stream=s)
+    during = torch.cuda.memory_allocated() - base
+    torch.cuda.caching_allocator_delete(p)
+    return {"during": during, "after": torch.cuda.memory_allocated() - base, "nonzero": p != 0}
+
+
+@program()
+def save_load_cuda_tensor(torch):
+    import io
+    t = torch.arange(10000, device="cuda", dtype=torch.float32).reshape(100, 100)[::2]
+    buf = io.BytesIO()
+    torch.save({"t": t, "n": 3}, buf)
+    buf.seek(0)
+    back = torch.load(buf, map_location="cuda")
+    return {"equal": bool(torch.equal(back["t"], t)), "device": str(back["t"].device), "stride": list(back["t"].stride())}
+
+
+@program()
+def device_queries(torch):
+    free, total = torch.cuda.mem_get_info()
+    processes = torch.cuda.list_gpu_processes()
+    torch.cuda.ipc_collect()
+    return {"free_le_total": 0 < free <= total, "processes_is_str": isinstance(processes, str),
+            "backend_is_str": isinstance(torch.cuda.memory.get_allocator_backend(), str)}
+
+
+@program()
+def sparse_and_nested(torch):
+    i = torch.tensor([[0, 1, 2, 5], [3, 0, 2, 1]], device="cuda")
+    v = torch.tensor([1.0, 2.0, 3.0, 4.0], device="cuda")
+    sp = torch.sparse_coo_tensor(i, v, (8, 4)).coalesce()
+    dense = torch.ones(4, 3, device="cuda")
+    nt = torch.nested.nested_tensor([torch.ones(2, 5, device="cuda"), torch.ones(3, 5, device="cuda") * 2])
+    return {"spmm": torch.sparse.mm(sp, dense).sum().item(), "nested": [t.sum().item() for t in nt.unbind()]}
+
+
+@program()
+def fraction_then_train(torch):
+    torch.cuda.set_per_process_memory_fraction(0.5)
+    try:
+        model = mlp(torch)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        losses = []
+        for x in batches(torch, 4):
+            loss = (model(x) - x).pow(2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return {"losses": losses}
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+@program()
+def big_block_then_empty_cache(torch):
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    x.fill_(7)
+    s = int(x[::4096].sum().item())
+    reserved_with = torch.cuda.memory_reserved()
+    del x
+    torch.cuda.empty_cache()
+    return {"sum": s, "gave_back_1_gib": reserved_with - torch.cuda.memory_reserved() >= 1 << 30}
+
+
+@program()
+def many_sizes_allocated_bytes(torch):
+    import random
+    rnd = random.Random(6)
+    base = torch.cuda.memory_allocated()
+    live, trace = [], []
+    for _ in range(400):
+        if live and rnd.random() < 0.45:
+            live.pop(rnd.randrange(len(live)))
+        else:
+            live.append(torch.empty(rnd.choice([1, 7, 513, 4096, 70000, 1 << 20, 3 << 20, 30 << 20]) + rnd.randrange(100),
+                                    dtype=torch.uint8, device="cuda"))
+        trace.append(torch.cuda.memory_allocated() - base)
+    return {"allocated": trace}
+
+
+@program()
+def rng_state_and_events(torch):
+    st = torch.cuda.get_rng_state()
+    a = torch.rand(1000, device="cuda")
+    torch.cuda.set_rng_state(st)
+    b = torch.rand(1000, device="cuda")
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    c = torch.randn(1 << 20, device="cuda").exp().sum()
+    e1.record()
+    e1.synchronize()
+    return {"same_draws": bool(torch.equal(a, b)), "elapsed_ok": e0.elapsed_time(e1) >= 0, "finite": bool(c.isfinite())}
+
+
+@program()
+def mempool_snapshot_and_use_count(torch):
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        t = torch.ones(1 << 20, device="cuda")
+    r = {"sum": t.sum().item()}
+    try:
+        r["use_count_is_int"] = isinstance(pool.use_count(), int)
+    except Exception as e:  # a missing method is a difference too: both sides report it
+        r["use_count"] = type(e).__name__
+    del t
+    return r
+
+
+@program()
+def spawn_process_with_cuda_tensor(torch):
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    t = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+    p = ctx.Process(target=_child_sum, args=(t, q))
+    p.start()
+    got = q.get(timeout=120)
+    p.join(60)
+    return {"child_sum": got, "exit": p.exitcode}
+
+
+def _child_sum(t, q):
+    q.put(float(t.double().sum().item()))
+
+
+@program()
+def hf_generate_kv_cache(torch):
+    try:
+        import transformers
+    except ImportError:
+        return {"skipped": "no transformers"}
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.GPT2Config(n_layer=4, n_head=4, n_embd=256, vocab_size=1000, n_positions=256)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).cuda().eval()
+    g = torch.Generator(device="cuda").manual_seed(7)
+    ids = torch.randint(0, 1000, (3, 17), device="cuda", generator=g)
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+                             pad_token_id=0)
+    return {"tokens": out.tolist()}
+
+
+@program(tol=1e-5)
+def compile_default(torch):
+    model = mlp(torch, 128)
+    f = torch.compile(model)
+    return {"out": [f(x).sum().item() for x in batches(torch, 3, 128)]}
+
+
+@program(tol=1e-5)
+def compile_reduce_overhead(torch):
+    model = mlp(torch, 128)
+    f = torch.compile(model, mode="reduce-overhead")
+    x = torch.randn(32, 128, device="cuda", generator=torch.Generator(device="cuda").manual_seed(8))
+    outs = []
+    with torch.no_grad():
+        for i in range(5):
+            outs.append(f(x * (i + 1)).sum().item())
+    return {"out": outs}
+
+
+def run_side(mode, names):
+    if mode == "xseg":
+        try:
+            import xseg
+        except ImportError:
+            sys.path.append(os.path.join(here, ".."))
+            import xseg
+        xseg.install()
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    res = {}
+    for name, _, fn in PROGRAMS:
+        if names and name not in names:
+            continue
+        t0 = time.perf_counter()
+        try:
+            res[name] = {"result": fn(torch)}
+        except Exception as e:
+            res[name] = {"error": type(e).__name__, "message": str(e)[:400],
+                         "where": traceback.format_exc().splitlines()[-3:]}
+        res[name]["seconds"] = round(time.perf_counter() - t0, 2)
+        torch.cuda.synchronize()
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def close(a, b, tol):
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k], tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isfinite(a) and abs(a - b) <= tol * max(abs(a), abs(b), 1e-30))
+    return a == b
+
+
+def side(mode, names):
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "run", mode, *names], capture_output=True, text=True,
+                       timeout=900)
+    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    if p.returncode != 0 or not lines:
+        sys.stdout.write(p.stdout[-3000:] + p.stderr[-6000:])
+        raise SystemExit(f"{mode} side failed with exit status {p.returncode}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main(names):
+    nat, xs = side("native", names), side("xseg", names)
+    bad = []
+    for name, tol, _ in PROGRAMS:
+        if name not in nat:
+            continue
+        n, x = nat[name], xs.get(name, {"error": "missing"})
+        if "error" in n or "error" in x:
+            ok = n.get("error") == x.get("error")
+            what = f"native {n.get('error', 'ok')}, xseg {x.get('error', 'ok')}: {x.get('message', n.get('message', ''))}"
+        else:
+            ok = close(n["result"], x["result"], tol)
+            what = "same results" if ok else f"native {json.dumps(n['result'])[:300]} xseg {json.dumps(x['result'])[:300]}"
+        print(f"{'ok  ' if ok else 'FAIL'} {name} ({n['seconds']} s / {x.get('seconds')} s): {what}")
+        if not ok:
+            bad.append(name)
+            for line in x.get("where", []):
+                print("     " + line)
+    print(f"{len(nat) - len(bad)} of {len(nat)} programs agree" + (f"; differ: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "run":
+        run_side(sys.argv[2], sys.argv[3:])
+    else:
+        sys.exit(main(sys.argv[1:]))
