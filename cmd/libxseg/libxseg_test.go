@@ -97,6 +97,19 @@ func TestCAPI(t *testing.T) {
 		out := run(t, time.Minute, host, prog, lib)
 		require.Contains(t, out, "\nok\n", out)
 	})
+	t.Run("CacheInfo", func(t *testing.T) {
+		cxx, err := exec.LookPath("c++")
+		if err != nil {
+			t.Skipf("no C++ compiler: %v", err)
+		}
+		fake := filepath.Join(dir, "fake", "libtorch_cuda.so")
+		require.NoError(t, os.MkdirAll(filepath.Dir(fake), 0o755))
+		run(t, time.Minute, nil, cxx, "-O2", "-Wall", "-shared", "-fPIC", "-Wl,-soname,libtorch_cuda.so", "-o", fake, "testdata/fake_torch.cc")
+		prog := filepath.Join(dir, "cacheinfo")
+		run(t, time.Minute, nil, cxx, "-O2", "-Wall", "-I.", "-o", prog, "testdata/cacheinfo.cc", "-ldl")
+		out := run(t, time.Minute, host, prog, lib, fake)
+		require.Equal(t, "ok", strings.TrimSpace(out))
+	})
 	t.Run("Pools", func(t *testing.T) {
 		cxx, err := exec.LookPath("c++")
 		if err != nil {

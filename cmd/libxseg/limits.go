@@ -62,6 +62,31 @@ func (l *library) memoryFraction(dev int) (float64, error) {
 	return a.MemoryFraction(), nil
 }
 
+// cacheInfo is PyTorch's cacheInfo for dev (cuDNN's autotuner asks it
+// for the most workspace worth trying): an estimate of the largest block
+// one allocation could get now. Like PyTorch's own, which starts from the
+// driver's free memory, it is optimistic: the driver's free memory plus
+// the bytes xseg holds that no block uses or waits on (free pages are
+// recycled where a block grows, so they add up), and under a memory limit
+// no more than the limit less those in use.
+func (l *library) cacheInfo(dev int) (uint64, error) {
+	a, err := l.allocator(dev)
+	if err != nil {
+		return 0, err
+	}
+	free, _, err := l.driver().MemInfo(vmm.Device(dev))
+	if err != nil {
+		return 0, fmt.Errorf("memory of device %d: %w", dev, err)
+	}
+	st := a.Stats()
+	reserved, active := uint64(max(0, st.ReservedBytes.All.Current)), uint64(max(0, st.ActiveBytes.All.Current))
+	n := free + reserved - min(reserved, active)
+	if lim := a.MemoryLimit(); lim > 0 {
+		n = min(n, lim-min(lim, active))
+	}
+	return n, nil
+}
+
 // recordHistory keeps the last maxEntries events of dev (0: none).
 func (l *library) recordHistory(dev int, maxEntries uint64) error {
 	if maxEntries > xseg.MaxHistoryEntries {
@@ -120,6 +145,21 @@ func xseg_set_memory_limit(device C.int, bytes C.ulonglong) (rc C.int) {
 	defer catch("xseg_set_memory_limit")
 	drainFrees()
 	return status("xseg_set_memory_limit", lib.setMemoryLimit(int(device), uint64(bytes)))
+}
+
+//export xseg_cache_info
+func xseg_cache_info(device C.int, largest *C.size_t) (rc C.int) {
+	rc = -1
+	defer catch("xseg_cache_info")
+	drainFrees()
+	if largest == nil {
+		return status("xseg_cache_info", fmt.Errorf("device %d: largest is NULL: %w", int(device), vmm.ErrInvalid))
+	}
+	n, err := lib.cacheInfo(int(device))
+	if err == nil {
+		*largest = C.size_t(n)
+	}
+	return status("xseg_cache_info", err)
 }
 
 //export xseg_record_history

@@ -4,6 +4,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 
 	xseg "github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 // TestLibraryMemoryFraction: the memory limit through the library, as
@@ -96,4 +98,66 @@ func TestLibraryHistory(t *testing.T) {
 	b, err = l.historyJSON(0)
 	require.NoError(t, err)
 	require.JSONEq(t, `[]`, string(b), "off drops the events")
+}
+
+// TestLibraryCacheInfo: PyTorch's cacheInfo (256 MiB host device): the
+// driver's free memory plus the bytes held that no block uses, under the
+// memory limit the limit less the bytes in use; a failed MemInfo is the
+// call's error and changes nothing.
+func TestLibraryCacheInfo(t *testing.T) {
+	var faulty *vmmtest.Faulty
+	l := newLibrary(env{envBackend: "host", envHostCapacity: fmt.Sprint(256 << 20)}.get,
+		func(backend xseg.Backend, capacity uint64) (vmm.Driver, error) {
+			d, err := xseg.OpenDriver(backend, capacity)
+			if err != nil {
+				return nil, err
+			}
+			faulty = vmmtest.NewFaulty(d)
+			return faulty, nil
+		})
+	t.Cleanup(func() {
+		if d := l.devs[0].Load(); d != nil {
+			require.NoError(t, d.a.Close())
+		}
+		if faulty != nil {
+			require.NoError(t, faulty.Close())
+		}
+	})
+	n, err := l.cacheInfo(0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(256<<20), n, "nothing held: the whole device")
+
+	p, err := l.malloc(64<<20, 0, 0)
+	require.NoError(t, err)
+	n, err = l.cacheInfo(0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(192<<20), n, "64 MiB in use")
+
+	require.NoError(t, l.free(p, 0))
+	n, err = l.cacheInfo(0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(256<<20), n, "freed pages held count: they are recycled into a growth")
+
+	p, err = l.malloc(64<<20, 0, 0)
+	require.NoError(t, err)
+	require.NoError(t, l.setMemoryLimit(0, 160<<20))
+	n, err = l.cacheInfo(0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(96<<20), n, "the limit less the bytes in use")
+	require.NoError(t, l.setMemoryLimit(0, 0))
+
+	faulty.FailNth(vmmtest.OpMemInfo, 1, nil)
+	_, err = l.cacheInfo(0)
+	require.ErrorContains(t, err, "memory of device 0")
+	var inj *vmmtest.InjectedError
+	require.ErrorAs(t, err, &inj)
+	n, err = l.cacheInfo(0)
+	require.NoError(t, err, "the next call answers")
+	require.Equal(t, uint64(192<<20), n)
+	require.NoError(t, l.free(p, 0))
+
+	_, err = l.cacheInfo(1)
+	require.ErrorIs(t, err, vmm.ErrInvalid, "the host backend has one device")
+	_, err = l.cacheInfo(-1)
+	require.ErrorIs(t, err, vmm.ErrInvalid)
 }

@@ -53,6 +53,19 @@ void xseg_release_pool(int device, xseg_pool_id id);
 void xseg_empty_cache_hook(void);
 void xseg_record_stream_hook(void* ptr, cudaStream_t stream);
 void xseg_memory_fraction_hook(double fraction, int device);
+
+/* PyTorch's cacheInfo, which its CUDAPluggableAllocator refuses and gives
+ * no hook for (cuDNN's autotuner, torch.backends.cudnn.benchmark, calls it
+ * before it tries convolution algorithms): xseg_torch_route_cache_info
+ * points the cacheInfo entry of that class's virtual table at
+ * xseg_torch_cache_info, which answers with xseg_cache_info and throws
+ * std::runtime_error with the reason on failure. It finds the table and
+ * the method by name in the PyTorch libraries the process has loaded and
+ * changes nothing unless it finds the method exactly once in the table.
+ * 0 on success (or when already routed), -1 with the reason for
+ * xseg_last_error. python/xseg's install() calls it. C++ callers only. */
+void xseg_torch_cache_info(void* self, signed char device, size_t* largest);
+int xseg_torch_route_cache_info(void);
 }
 #endif
 
@@ -224,6 +237,13 @@ int xseg_pool_release(int device, unsigned long long first, unsigned long long s
  * (0: none); 0 or -1. The limit in bytes is "memory_limit_bytes" in
  * xseg_stats_json. */
 void xseg_set_memory_fraction(double fraction, int device);
+/* xseg_cache_info writes to *largest an estimate of the largest block one
+ * allocation on device could get now (what PyTorch's cacheInfo reports):
+ * the driver's free memory plus the bytes xseg holds that no block uses or
+ * waits on, and under a memory limit no more than the limit less the bytes
+ * in use. Optimistic, as PyTorch's own: an allocation of that size may
+ * still fail. 0, or -1 (bad device, largest NULL, no driver). */
+int xseg_cache_info(int device, size_t* largest);
 int xseg_memory_fraction(int device, double* out);
 int xseg_set_memory_limit(int device, unsigned long long bytes);
 

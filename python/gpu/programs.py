@@ -284,10 +284,13 @@ def big_block_then_empty_cache(torch):
 
 
 @program()
-def many_sizes_allocated_bytes(torch):
+def many_sizes_live_counts(torch):
+    # What a program can rely on whatever the allocator: how many blocks
+    # are live and the bytes they asked for (allocated_bytes counts each
+    # allocator's own rounding and splitting, so it may differ).
     import random
     rnd = random.Random(6)
-    base = torch.cuda.memory_allocated()
+    s0 = torch.cuda.memory_stats()
     live, trace = [], []
     for _ in range(400):
         if live and rnd.random() < 0.45:
@@ -295,8 +298,11 @@ def many_sizes_allocated_bytes(torch):
         else:
             live.append(torch.empty(rnd.choice([1, 7, 513, 4096, 70000, 1 << 20, 3 << 20, 30 << 20]) + rnd.randrange(100),
                                     dtype=torch.uint8, device="cuda"))
-        trace.append(torch.cuda.memory_allocated() - base)
-    return {"allocated": trace}
+        s = torch.cuda.memory_stats()
+        trace.append([s["allocation.all.current"] - s0.get("allocation.all.current", 0),
+                      s["requested_bytes.all.current"] - s0.get("requested_bytes.all.current", 0),
+                      torch.cuda.memory_allocated() >= sum(t.numel() for t in live)])
+    return {"live_blocks_requested_bytes_covered": trace}
 
 
 @program()

@@ -542,6 +542,44 @@ def test_memory_fraction_limits_growth(run_py):
     assert out["after"] == 300 * MiB
 
 
+def test_cache_info(run_py):
+    proc = run_py("""
+        out = {"empty": xseg.cache_info(0)}
+        p = xseg.malloc(64 * MiB)
+        out["in_use"] = xseg.cache_info(0)
+        xseg.set_memory_fraction(0.125, 0)
+        out["limited"] = xseg.cache_info(0)
+        xseg.set_memory_fraction(1.0, 0)
+        xseg.free(p)
+        out["freed"] = xseg.cache_info(0)
+        for bad in (1, -1, 2**31):
+            try:
+                xseg.cache_info(bad)
+                out[str(bad)] = None
+            except (xseg.XsegError, OverflowError) as e:
+                out[str(bad)] = type(e).__name__ + ": " + str(e)
+        try:
+            xseg.cache_info(0.5)
+        except TypeError as e:
+            out["float"] = str(e)
+        lib = xseg.load()
+        out["route"] = lib.xseg_torch_route_cache_info()
+        out["route_reason"] = xseg.thread_error()
+        print(json.dumps(out))
+    """)
+    out = last_json(proc)
+    total = out["empty"]
+    assert total >= 512 * MiB, out
+    assert out["in_use"] == total - 64 * MiB
+    assert out["limited"] == total // 8 - 64 * MiB, "the limit less the bytes in use"
+    assert out["freed"] == total
+    assert out["1"] and "XsegError" in out["1"] and "device 1" in out["1"], out
+    assert out["-1"] and "XsegError" in out["-1"], out
+    assert out["2147483648"] and "OverflowError" in out["2147483648"], out
+    assert "float" in out
+    assert out["route"] == -1 and "not among the loaded libraries" in out["route_reason"], out
+
+
 def test_memory_fraction_zero_allows_no_growth(run_py):
     proc = run_py("""
         xseg.set_memory_fraction(0.0, 0)

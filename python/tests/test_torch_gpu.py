@@ -78,6 +78,35 @@ def test_oom_is_torch_out_of_memory_error():
     assert r["after"] == 10.0 and r["ooms"] >= 1
 
 
+def test_cudnn_benchmark_asks_xseg_cache_info():
+    # cuDNN's autotuner asks the allocator's cacheInfo, which PyTorch's
+    # pluggable allocator refuses; install() routes it to xseg.
+    r = run("""
+        torch.backends.cudnn.benchmark = True
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                  torch.nn.Conv2d(16, 8, 3, stride=2)).cuda()
+        losses = []
+        for i in range(3):
+            x = torch.randn(8, 3, 48 + 8 * i, 40, device="cuda")
+            loss = net(x).square().mean()
+            loss.backward()
+            losses.append(loss.item())
+        held = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        free, _ = torch.cuda.mem_get_info()
+        info = xseg.cache_info(0)
+        torch.cuda.set_per_process_memory_fraction(0.01)
+        limited = xseg.cache_info(0)
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        out(losses=losses, info=info, free=free, limited=limited,
+            limit=int(0.01 * torch.cuda.get_device_properties(0).total_memory),
+            active=torch.cuda.memory_stats()["active_bytes.all.current"])
+        """)
+    assert len(r["losses"]) == 3 and all(x == x for x in r["losses"])
+    assert r["info"] >= r["free"], "at least the driver's free memory"
+    assert r["limited"] <= max(0, r["limit"] - r["active"]) + (2 << 20), r
+
+
 def test_memory_api_counts_xseg_blocks():
     r = run("""
         a = torch.empty(10 << 20, dtype=torch.uint8, device="cuda")

@@ -28,6 +28,7 @@ from ._lib import (
     OutOfMemoryError,
     PausedError,
     XsegError,
+    cache_info,
     configure,
     find_library,
     free,
@@ -95,7 +96,8 @@ from ._torch import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Mapping", "MemPool", "OutOfMemoryError", "PausedError", "XsegError", "allocate_tensor", "clear_cache", "configure",
+    "Mapping", "MemPool", "OutOfMemoryError", "PausedError", "XsegError", "allocate_tensor", "cache_info", "clear_cache",
+    "configure",
     "empty_cache", "find_library", "free", "get_memory_stats", "get_retry_count", "graph_tree_calls",
     "history", "install", "installed", "is_installed", "last_error", "load", "malloc", "malloc_at_most", "malloc_in_pool",
     "max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_fraction", "memory_free",

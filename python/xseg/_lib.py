@@ -96,6 +96,8 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "xseg_set_memory_fraction": (None, [_c.c_double, _INT]),
     "xseg_memory_fraction": (_INT, [_INT, _c.POINTER(_c.c_double)]),
     "xseg_set_memory_limit": (_INT, [_INT, _ULL]),
+    "xseg_cache_info": (_INT, [_INT, _c.POINTER(_SZ)]),
+    "xseg_torch_route_cache_info": (_INT, []),
     "xseg_record_history": (_INT, [_INT, _SZ]),
     "xseg_history_json": (_VP, [_INT]),
     "xseg_tag": (_INT, [_INT, _c.c_char_p, _c.POINTER(_ULL), _c.POINTER(_ULL)]),
@@ -327,6 +329,16 @@ def memory_fraction(device: int) -> float:
     """The memory fraction set for device (0.0 if none)."""
     out = ctypes.c_double()
     check(load().xseg_memory_fraction(device, ctypes.byref(out)), "memory_fraction")
+    return out.value
+
+
+def cache_info(device: int = 0) -> int:
+    """PyTorch's cacheInfo for device: an estimate, optimistic as PyTorch's
+    own, of the largest block one allocation could get now (the driver's
+    free memory plus the bytes xseg holds unused, under the memory limit
+    the limit less the bytes in use). cuDNN's autotuner asks it."""
+    out = _SZ()
+    check(load().xseg_cache_info(device, ctypes.byref(out)), "cache_info")
     return out.value
 
 

@@ -692,6 +692,7 @@ def install(path: Optional[str] = None, conf: Optional[str] = None, enable_loggi
                 f"before the first CUDA allocation, and only once): {e}") from e
         _allocator = alloc
         _patch_torch(torch)
+        _route_cache_info(lib)
         _log.info("xseg %s installed as the CUDA allocator (%s)", _lib.version(), _lib.library_path())
 
 
@@ -729,6 +730,16 @@ def _set_hooks(alloc: Any, lib: ctypes.CDLL, record_stream: bool) -> None:
     hooks.set_memory_fraction_fn(_fn_addr(lib, "xseg_memory_fraction_hook"))
     if record_stream:
         hooks.set_record_stream_fn(_fn_addr(lib, "xseg_record_stream_hook"))
+
+
+def _route_cache_info(lib: ctypes.CDLL) -> None:
+    """Give PyTorch's pluggable allocator xseg's cacheInfo, which cuDNN's
+    autotuner (torch.backends.cudnn.benchmark) calls and PyTorch offers no
+    hook for (libxseg's xseg.h says how). If it cannot, everything else
+    works and benchmark-mode convolutions raise as they would without it."""
+    if lib.xseg_torch_route_cache_info() != 0:
+        _log.warning("xseg.install(): torch.backends.cudnn.benchmark will raise with xseg installed "
+                     "(PyTorch's cacheInfo could not be routed to xseg: %s)", _lib.thread_error())
 
 
 def _replace(owner: Any, key: str, name: str, fn: Any) -> None:
