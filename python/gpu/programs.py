@@ -47,6 +47,18 @@ def batches(torch, n, d=256, seed=1):
     return [torch.randn(32 + 8 * (i % 3), d, device="cuda", generator=g) for i in range(n)]
 
 
+def train(opt, xs, loss_of):
+    """Optimizer steps on loss_of(x) for each x; the losses."""
+    losses = []
+    for x in xs:
+        loss = loss_of(x)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 @program()
 def stats_before_any_tensor(torch):
     # First thing in the process: no CUDA tensor yet.
@@ -93,15 +105,7 @@ def activation_checkpointing(torch):
     from torch.utils.checkpoint import checkpoint
     model = mlp(torch)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses = []
-    for x in batches(torch, 6):
-        y = checkpoint(model, x, use_reentrant=False)
-        loss = (y - x).pow(2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return {"losses": losses}
+    return {"losses": train(opt, batches(torch, 6), lambda x: (checkpoint(model, x, use_reentrant=False) - x).pow(2).mean())}
 
 
 @program()
@@ -176,15 +180,8 @@ def graphed_callables(torch):
     sample = torch.randn(16, 128, device="cuda", requires_grad=True)
     graphed = torch.cuda.make_graphed_callables(model, (sample,))
     g = torch.Generator(device="cuda").manual_seed(5)
-    losses = []
-    for _ in range(6):
-        x = torch.randn(16, 128, device="cuda", generator=g)
-        loss = (graphed(x) - x).pow(2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return {"losses": losses}
+    xs = [torch.randn(16, 128, device="cuda", generator=g) for _ in range(6)]
+    return {"losses": train(opt, xs, lambda x: (graphed(x) - x).pow(2).mean())}
 
 
 @program()
@@ -260,14 +257,7 @@ def fraction_then_train(torch):
     try:
         model = mlp(torch)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        losses = []
-        for x in batches(torch, 4):
-            loss = (model(x) - x).pow(2).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        return {"losses": losses}
+        return {"losses": train(opt, batches(torch, 4), lambda x: (model(x) - x).pow(2).mean())}
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
 
