@@ -377,6 +377,132 @@ def compile_reduce_overhead(torch):
     return {"out": outs}
 
 
+@program()
+def profiler_with_memory(torch):
+    from torch.profiler import ProfilerActivity, profile
+    model = mlp(torch, 128)
+    x = torch.randn(64, 128, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True) as prof:
+        model(x).sum().backward()
+        torch.cuda.synchronize()
+    return {"events": len(prof.key_averages()) > 0}
+
+
+@program()
+def threads_allocating_at_once(torch):
+    import threading
+    sums, errors = [0.0] * 4, []
+
+    def work(k):
+        try:
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                for i in range(150):
+                    t = torch.full(((i % 7 + 1) * 4099,), float(k + 1), device="cuda")
+                    u = torch.empty((i % 5 + 1) << 16, device="cuda")
+                    sums[k] += t.sum().item()
+                    del t, u
+        except Exception as e:  # reported, not lost with the thread
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return {"sums": sums, "errors": errors}
+
+
+@program()
+def fsdp2_one_rank(torch):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    try:
+        model = mlp(torch, 128)
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return {"losses": train(opt, batches(torch, 4, 128), lambda x: (model(x) - x).pow(2).mean())}
+    finally:
+        dist.destroy_process_group()
+
+
+@program()
+def allocator_settings_call(torch):
+    torch.cuda.memory._set_allocator_settings("garbage_collection_threshold:0.6")
+    return {"called": True}
+
+
+@program()
+def empty_cache_during_capture(torch):
+    g = torch.cuda.CUDAGraph()
+    x = torch.zeros(1024, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        y = x + 1
+        torch.cuda.empty_cache()
+    g.replay()
+    return {"y": y.sum().item()}
+
+
+@program()
+def oom_batch_finder(torch):
+    # Halve the batch until it fits, as accelerate's find_executable_batch_size does.
+    batch, tries = 1 << 40, 0
+    while batch > 0:
+        try:
+            torch.empty(batch, dtype=torch.uint8, device="cuda").numel()
+            break
+        except torch.cuda.OutOfMemoryError:
+            batch //= 2
+            tries += 1
+    torch.cuda.empty_cache()
+    after = torch.ones(1 << 20, device="cuda").sum().item()
+    return {"found": batch > 0, "tried_more_than_once": tries > 0, "after": after}
+
+
+@program()
+def zero_size_and_many_small(torch):
+    z = torch.empty(0, device="cuda")
+    small = [torch.full((3,), float(i), device="cuda") for i in range(20000)]
+    total = torch.stack(small).sum().item()
+    del small
+    return {"zero_numel": z.numel(), "zero_ptr": z.data_ptr(), "total": total}
+
+
+@program()
+def dlpack_round_trip(torch):
+    from torch.utils.dlpack import from_dlpack, to_dlpack
+    t = torch.arange(1000, device="cuda", dtype=torch.float32)
+    back = from_dlpack(to_dlpack(t))
+    back += 1
+    return {"shares_memory": back.data_ptr() == t.data_ptr(), "sum": t.sum().item()}
+
+
+@program()
+def snapshot_shape_and_viz(torch):
+    from torch.cuda import _memory_viz
+    keep = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (512, 3 << 20, 25 << 20)]
+    snap = torch.cuda.memory._snapshot()
+    seg = next(s for s in snap["segments"] if s["blocks"])
+    text = _memory_viz.segments(snap) if hasattr(_memory_viz, "segments") else ""
+    summary = _memory_viz.memory(snap) if hasattr(_memory_viz, "memory") else ""
+    del keep
+    # The keys PyTorch's snapshot has and tools read (extra keys are harmless).
+    top = ("segments", "device_traces")
+    segment = ("device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
+               "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks")
+    block = ("address", "size", "requested_size", "state", "frames")
+    return {"top": {k: k in snap for k in top}, "segment": {k: k in seg for k in segment},
+            "block": {k: k in seg["blocks"][0] for k in block},
+            "viz_text": isinstance(text, str) and isinstance(summary, str)}
+
+
 def run_side(mode, names):
     if mode == "xseg":
         try:
