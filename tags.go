@@ -12,6 +12,10 @@ type TagStats = spec.TagStats
 // error matching it and vmm.ErrInvalid.
 var ErrPaused = spec.ErrPaused
 
+// ErrCapturing is spec.ErrCapturing: a CUDA graph capture is underway, so
+// a call that would wait or unmap (EmptyCache) is refused.
+var ErrCapturing = spec.ErrCapturing
+
 // Tagger is pause and resume at stable addresses: the physical memory of
 // tagged allocations goes back to the device while their addresses stay
 // reserved, and comes back at the same addresses, so pointers held

@@ -11,6 +11,11 @@ import (
 // an error matching it (and vmm.ErrInvalid) until the tag is resumed.
 var ErrPaused = fmt.Errorf("the tag is paused (resume it first): %w", vmm.ErrInvalid)
 
+// ErrCapturing: a CUDA graph capture is underway on the device (a private
+// pool is active), so the call, which would wait for the device or unmap
+// pages, is refused; nothing changed. It matches vmm.ErrInUse.
+var ErrCapturing = fmt.Errorf("a CUDA graph capture is underway (a private pool is active): %w", vmm.ErrInUse)
+
 // TagPoolFirst is PoolID.First of every tag's private pool: tags number
 // their pools (TagPoolFirst, 1), (TagPoolFirst, 2), ... in the order they
 // are made, apart from the ids PyTorch hands out, which count up from

@@ -72,7 +72,7 @@ int protection(uintptr_t addr) {
 extern "C" void xseg_torch_cache_info(void* self, signed char device, size_t* largest) {
 	(void)self;
 	if (xseg_cache_info(device, largest) != 0) {
-		throw std::runtime_error(std::string("xseg: cacheInfo: ") + xseg_last_error());
+		throw std::runtime_error(std::string("xseg: cacheInfo: ") + xseg_thread_error());
 	}
 }
 

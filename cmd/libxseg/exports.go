@@ -141,6 +141,14 @@ func xsegGoEmptyCache(device C.int) (rc C.int) {
 	return status("xseg_empty_cache", lib.emptyCache(int(device)))
 }
 
+//export xsegGoEmptyCacheHook
+func xsegGoEmptyCacheHook() (rc C.int) {
+	rc = -1
+	defer catch("xseg_empty_cache_hook")
+	drainFrees()
+	return status("xseg_empty_cache_hook", lib.emptyCacheHook())
+}
+
 //export xsegGoResetPeakStats
 func xsegGoResetPeakStats(device C.int) (rc C.int) {
 	rc = -1

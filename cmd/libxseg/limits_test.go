@@ -161,3 +161,27 @@ func TestLibraryCacheInfo(t *testing.T) {
 	_, err = l.cacheInfo(-1)
 	require.ErrorIs(t, err, vmm.ErrInvalid)
 }
+
+// TestLibraryEmptyCacheHook: PyTorch's reset hook keeps a capturing
+// device's cache and returns nil, where the C API's empty_cache fails
+// with ErrCapturing; outside captures both empty it.
+func TestLibraryEmptyCacheHook(t *testing.T) {
+	l := hostLibrary(t, nil)
+	p, err := l.malloc(8<<20, 0, 0)
+	require.NoError(t, err)
+	require.NoError(t, l.free(p, 0))
+	held := stats(t, l, 0).ReservedBytes.All.Current
+	require.Positive(t, held)
+	a, err := l.existing(0)
+	require.NoError(t, err)
+	id := xseg.PoolID{First: 0, Second: 9}
+	require.NoError(t, a.BeginAllocateToPool(id, func(vmm.Stream) bool { return true }))
+	require.ErrorIs(t, l.emptyCache(0), xseg.ErrCapturing)
+	require.ErrorIs(t, l.emptyCache(-1), vmm.ErrInUse)
+	require.NoError(t, l.emptyCacheHook(), "quiet during a capture")
+	require.Equal(t, held, stats(t, l, 0).ReservedBytes.All.Current, "nothing unmapped during the capture")
+	require.NoError(t, a.EndAllocateToPool(id))
+	require.NoError(t, a.ReleasePool(id))
+	require.NoError(t, l.emptyCacheHook())
+	require.Zero(t, stats(t, l, 0).ReservedBytes.All.Current, "emptied outside captures")
+}

@@ -99,6 +99,29 @@ func (l *library) emptyCache(dev int) error {
 	return errors.Join(err, l.each(dev, func(a *xseg.DeviceAllocator) error { return a.EmptyCache() }))
 }
 
+// emptyCacheHook is emptyCache(-1) for PyTorch's reset hook
+// (torch.cuda.empty_cache): a device with a CUDA graph capture underway
+// keeps its cache, and while one is the kept imports stay too (nothing may
+// wait or unmap while a capture records), instead of the call failing, as
+// PyTorch's own allocator does not fail there. The other devices are
+// emptied.
+func (l *library) emptyCacheHook() error {
+	capturing := false
+	err := l.each(-1, func(a *xseg.DeviceAllocator) error {
+		err := a.EmptyCache()
+		if errors.Is(err, xseg.ErrCapturing) {
+			capturing = true
+			return nil
+		}
+		return err
+	})
+	if capturing {
+		l.log.Debug("xseg: empty_cache during a CUDA graph capture: the capturing device keeps its cache")
+		return err
+	}
+	return errors.Join(dropKeptImports(), err)
+}
+
 // resetPeakStats makes every peak of dev (-1: every device) the current
 // value.
 func (l *library) resetPeakStats(dev int) error {

@@ -58,7 +58,7 @@ namespace {
 
 // raise throws the failure of one allocation: err is C memory from Go.
 [[noreturn]] void raise(char* err, int oom) {
-	std::string msg = err != nullptr ? err : xseg_last_error();
+	std::string msg = err != nullptr ? err : xseg_thread_error();
 	std::free(err);
 	if (oom) {
 		throw c10::OutOfMemoryError(msg);
@@ -86,14 +86,14 @@ extern "C" void* xseg_malloc_or_throw(ssize_t size, int device, void* stream) {
 }
 
 extern "C" void xseg_empty_cache_hook(void) {
-	if (xseg_empty_cache(-1) != 0) {
-		throw std::runtime_error(std::string("xseg: empty_cache: ") + xseg_last_error());
+	if (xsegGoEmptyCacheHook() != 0) {
+		throw std::runtime_error(std::string("xseg: empty_cache: ") + xseg_thread_error());
 	}
 }
 
 extern "C" void xseg_record_stream_hook(void* ptr, cudaStream_t stream) {
 	if (xseg_record_stream(ptr, stream) < 0) {
-		throw std::runtime_error(std::string("xseg: record_stream: ") + xseg_last_error());
+		throw std::runtime_error(std::string("xseg: record_stream: ") + xseg_thread_error());
 	}
 }
 
@@ -101,6 +101,6 @@ extern "C" void xseg_memory_fraction_hook(double fraction, int device) {
 	xseg_set_memory_fraction(fraction, device);
 	double now = -1;
 	if (xseg_memory_fraction(device, &now) != 0 || now != fraction) {
-		throw std::runtime_error(std::string("xseg: set_per_process_memory_fraction: ") + xseg_last_error());
+		throw std::runtime_error(std::string("xseg: set_per_process_memory_fraction: ") + xseg_thread_error());
 	}
 }

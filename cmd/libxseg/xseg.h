@@ -47,7 +47,11 @@ void xseg_release_pool(int device, xseg_pool_id id);
 /* More of PyTorch's hooks (set_reset_fn, set_record_stream_fn,
  * set_memory_fraction_fn), each throwing std::runtime_error with the reason
  * on failure. xseg_empty_cache_hook is xseg_empty_cache(-1) (what
- * torch.cuda.empty_cache reaches); xseg_record_stream_hook is
+ * torch.cuda.empty_cache reaches), except that a device with a CUDA graph
+ * capture underway keeps its cache, and so do the kept imports then,
+ * where xseg_empty_cache fails: PyTorch's own allocator does not fail
+ * there, and nothing may wait or unmap while a capture records;
+ * xseg_record_stream_hook is
  * xseg_record_stream, quiet for memory that is not xseg's;
  * xseg_memory_fraction_hook is xseg_set_memory_fraction. C++ callers only. */
 void xseg_empty_cache_hook(void);

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -19,7 +20,7 @@ func (h *Heap) EmptyCache() error {
 		return fmt.Errorf("emptying the cache: %w", vmm.ErrClosed)
 	}
 	if h.capturingLocked() {
-		return fmt.Errorf("emptying the cache while a private pool is active (a CUDA graph capture is underway): %w", vmm.ErrInUse)
+		return fmt.Errorf("emptying the cache: %w", spec.ErrCapturing)
 	}
 	h.settleLocked()
 	err := h.waitPendingLocked(allBlocks)

@@ -107,6 +107,29 @@ def test_cudnn_benchmark_asks_xseg_cache_info():
     assert r["limited"] <= max(0, r["limit"] - r["active"]) + (2 << 20), r
 
 
+def test_empty_cache_during_a_capture_is_quiet():
+    # PyTorch's own allocator does not raise here; xseg keeps the capturing
+    # device's cache (nothing may unmap while a capture records).
+    r = run("""
+        x = torch.zeros(1 << 20, device="cuda")
+        junk = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        del junk
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = x + 1
+            before = torch.cuda.memory_reserved()
+            torch.cuda.empty_cache()
+            during = torch.cuda.memory_reserved()
+        x.fill_(2)
+        g.replay()
+        held = torch.cuda.memory_reserved()
+        torch.cuda.empty_cache()
+        out(y=y.sum().item(), kept=before == during, emptied=torch.cuda.memory_reserved() < held)
+        """)
+    assert r["y"] == 3.0 * (1 << 20) and r["kept"] and r["emptied"], r
+
+
 def test_memory_api_counts_xseg_blocks():
     r = run("""
         a = torch.empty(10 << 20, dtype=torch.uint8, device="cuda")

@@ -72,6 +72,9 @@ int main(int argc, char** argv) {
 	auto empty = sym<int (*)(int)>(h, "xseg_empty_cache");
 	auto pj = sym<char* (*)(int, unsigned long long, unsigned long long, int)>(h, "xseg_pool_json");
 	auto sfree = sym<void (*)(char*)>(h, "xseg_string_free");
+	auto hook = sym<void (*)(void)>(h, "xseg_empty_cache_hook");
+	auto lasterr = sym<const char* (*)(void)>(h, "xseg_thread_error");
+	std::string e0;
 
 	// The host backend knows only the default stream, so the filter picks
 	// the capturing thread's allocations, as torch.compile's graph trees
@@ -98,8 +101,15 @@ int main(int argc, char** argv) {
 	f(t, sz, 0, cap);
 	capturing = false;
 	end(0, A);
-	// Graph B on the same stream: w = x * 3 must not get t's block.
+	// empty_cache during a capture: the C call refuses, PyTorch's reset
+	// hook returns quietly; neither unmaps anything (a capture records).
 	begin(0, B, on(cap));
+	long long during = reserved(h);
+	CHECK(empty(0) == -1 && std::strstr(lasterr(), "capture is underway"), "empty_cache during a capture: %s", lasterr());
+	e0 = throws([&] { hook(); });
+	CHECK(e0.empty(), "torch.cuda.empty_cache during a capture threw: '%s'", e0.c_str());
+	CHECK(reserved(h) == during, "reserved %lld during the capture, %lld before", reserved(h), during);
+	// Graph B on the same stream: w = x * 3 must not get t's block.
 	capturing = true;
 	void* w = m(sz, 0, cap);
 	capturing = false;
@@ -136,6 +146,11 @@ int main(int argc, char** argv) {
 	f(after, sz, 0, cap);
 	CHECK(empty(0) == 0, "empty_cache");
 	CHECK(reserved(h) == base, "reserved %lld, before the pools %lld", reserved(h), base);
+	void* again = m(sz, 0, nullptr);
+	f(again, sz, 0, nullptr);
+	CHECK(reserved(h) > base, "a block held again");
+	e0 = throws([&] { hook(); });
+	CHECK(e0.empty() && reserved(h) == base, "the reset hook outside captures empties the cache: '%s', %lld", e0.c_str(), reserved(h));
 	CHECK(pj(0, A.first, A.second, 0) == nullptr, "pool A outlived its release");
 
 	// Bad input throws with a reason.
