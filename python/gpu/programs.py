@@ -490,8 +490,8 @@ def snapshot_shape_and_viz(torch):
     keep = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (512, 3 << 20, 25 << 20)]
     snap = torch.cuda.memory._snapshot()
     seg = next(s for s in snap["segments"] if s["blocks"])
-    text = _memory_viz.segments(snap) if hasattr(_memory_viz, "segments") else ""
-    summary = _memory_viz.memory(snap) if hasattr(_memory_viz, "memory") else ""
+    summary = _memory_viz.segsum(snap) if hasattr(_memory_viz, "segsum") else ""
+    text = _memory_viz.trace(snap) if hasattr(_memory_viz, "trace") else ""
     del keep
     # The keys PyTorch's snapshot has and tools read (extra keys are harmless).
     top = ("segments", "device_traces")
@@ -501,6 +501,36 @@ def snapshot_shape_and_viz(torch):
     return {"top": {k: k in snap for k in top}, "segment": {k: k in seg for k in segment},
             "block": {k: k in seg["blocks"][0] for k in block},
             "viz_text": isinstance(text, str) and isinstance(summary, str)}
+
+
+@program()
+def external_stream(torch):
+    s = torch.cuda.Stream()
+    ext = torch.cuda.ExternalStream(s.cuda_stream)
+    with torch.cuda.stream(ext):
+        a = torch.arange(1 << 16, device="cuda", dtype=torch.float32)
+        b = (a * 2).sum()
+    ext.synchronize()
+    del a
+    return {"b": b.item()}
+
+
+@program()
+def fraction_query_and_caching_switch(torch):
+    r = {}
+    if hasattr(torch.cuda, "get_per_process_memory_fraction"):
+        r["fraction"] = torch.cuda.get_per_process_memory_fraction()
+    enable = getattr(torch.cuda.memory, "caching_allocator_enable", None)
+    if enable is not None:
+        try:
+            enable(True)
+            r["caching_enable"] = "ok"
+        except Exception as e:
+            r["caching_enable"] = type(e).__name__
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    if stats is not None:
+        r["host_stats_is_dict"] = isinstance(stats(), dict)
+    return r
 
 
 def run_side(mode, names):
