@@ -6,13 +6,15 @@ unconfigured, and so check differences rather than absolute figures."""
 import builtins
 import ctypes
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
 
 import xseg
 from xseg import _lib
-from conftest import CAPACITY, MiB, header_version, last_json
+from conftest import CAPACITY, MiB, child_env, header_version, last_json
 
 GiB = 1 << 30
 
@@ -627,3 +629,36 @@ def test_history_keeps_the_last_entries(run_py):
     h = last_json(proc)
     assert len(h) == 5, h
     assert {e["action"] for e in h} <= {"alloc", "free_requested", "free_completed", "segment_map"}
+
+
+def _launch(tmp_path, *args, extra_path=None):
+    env = child_env()
+    if extra_path:
+        env["PYTHONPATH"] = os.pathsep.join([extra_path, env["PYTHONPATH"]])
+    return subprocess.run([sys.executable, "-m", "xseg", *args], cwd=str(tmp_path), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+
+
+def test_launcher_refuses_bad_command_lines(tmp_path):
+    p = _launch(tmp_path)
+    assert p.returncode == 2 and "a script or -m MODULE is needed" in p.stderr, p.stderr
+    p = _launch(tmp_path, "no_such_script.py", "--x")
+    assert p.returncode == 2 and "no such script: no_such_script.py" in p.stderr, p.stderr
+    (tmp_path / "s.py").write_text("print('ran')\n")
+    p = _launch(tmp_path, "--log", "loud", "s.py")
+    assert p.returncode == 2 and "invalid choice: 'loud'" in p.stderr, p.stderr
+    p = _launch(tmp_path, "--help")
+    assert p.returncode == 0 and "python3 -m xseg" in p.stdout and "--conf" in p.stdout
+    assert "ran" not in p.stdout + p.stderr
+
+
+def test_launcher_needs_torch_and_runs_nothing_without_it(tmp_path):
+    # A torch that cannot be imported stands in for a machine without one.
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("raise ImportError('no torch on this machine')\n")
+    (tmp_path / "s.py").write_text("print('ran')\n")
+    p = _launch(tmp_path, "s.py", extra_path=str(fake))
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "xseg: PyTorch is needed to install xseg as its allocator: no torch on this machine" in p.stderr
+    assert "ran" not in p.stdout

@@ -141,6 +141,36 @@ def test_empty_cache_during_a_capture_is_quiet():
     assert r["freed"] >= 56 << 20, "the cache empties once the capture is over: %r" % r
 
 
+def test_launcher_runs_a_program_unchanged(tmp_path):
+    # python3 -m xseg script.py args: the script, as written for PyTorch's
+    # allocator, runs with xseg's as __main__, with its own argv, path and
+    # exit status; and -m module likewise.
+    (tmp_path / "helper_mod.py").write_text("VALUE = 7\n")
+    (tmp_path / "prog.py").write_text(textwrap.dedent("""
+        import json, os, sys
+        import torch
+        import helper_mod  # beside the script: sys.path[0] is its folder
+        x = torch.ones(1 << 20, device="cuda")
+        print("OUT " + json.dumps({"name": __name__, "argv": sys.argv, "sum": x.sum().item(),
+                                   "xseg": "xseg.num_maps" in torch.cuda.memory_stats(), "helper": helper_mod.VALUE}))
+        sys.exit(3)
+        """))
+    e = dict(os.environ)
+    e.pop("XSEG_BACKEND", None)
+    p = subprocess.run([sys.executable, "-m", "xseg", "--conf", "oom_max_retries:1", str(tmp_path / "prog.py"),
+                        "--flag", "v"], capture_output=True, text=True, timeout=240, env=e, cwd="/")
+    assert p.returncode == 3, p.stdout + p.stderr
+    r = json.loads([line for line in p.stdout.splitlines() if line.startswith("OUT ")][-1][4:])
+    assert r == {"name": "__main__", "argv": [str(tmp_path / "prog.py"), "--flag", "v"], "sum": float(1 << 20),
+                 "xseg": True, "helper": 7}, r
+    e["PYTHONPATH"] = os.pathsep.join([str(tmp_path), e.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-m", "xseg", "-m", "prog", "a"], capture_output=True, text=True,
+                       timeout=240, env=e, cwd=str(tmp_path))
+    assert p.returncode == 3, p.stdout + p.stderr
+    r = json.loads([line for line in p.stdout.splitlines() if line.startswith("OUT ")][-1][4:])
+    assert r["name"] == "__main__" and r["argv"][1:] == ["a"] and r["xseg"], r
+
+
 def test_memory_api_counts_xseg_blocks():
     r = run("""
         a = torch.empty(10 << 20, dtype=torch.uint8, device="cuda")
