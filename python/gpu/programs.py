@@ -1,9 +1,11 @@
 """Everyday PyTorch programs, run unchanged under PyTorch's own allocator and
 under xseg (installed and nothing else changed), each allocator in its own
-process; the results must agree.
+process, and once more started by `python3 -m xseg` (the program file
+unchanged); the results must agree.
 
     python3 programs.py                  # both sides; exit 1 if any program differs
     python3 programs.py run native|xseg  # one side, prints "RESULT {json}"
+    python3 -m xseg programs.py run launched  # the xseg side, started by xseg's launcher
     python3 programs.py run xseg NAME... # only the named programs
 
 Each program is a small piece of code of the kind people already run
@@ -533,7 +535,39 @@ def fraction_query_and_caching_switch(torch):
     return r
 
 
+class _Indexed:
+    """A dataset whose items are CUDA tensors made in the worker."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        import torch
+        return torch.full((1024,), float(i), device="cuda")
+
+
+@program()
+def dataloader_spawn_workers_cuda_items(torch):
+    from torch.utils.data import DataLoader
+    loader = DataLoader(_Indexed(), batch_size=2, num_workers=2, multiprocessing_context="spawn")
+    return {"sums": [b.sum().item() for b in loader]}
+
+
+@program()
+def saved_tensors_on_cpu(torch):
+    model = mlp(torch, 128)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+
+    def loss_of(x):
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            return (model(x) - x).pow(2).mean()
+    return {"losses": train(opt, batches(torch, 4, 128), loss_of)}
+
+
 def run_side(mode, names):
+    if mode == "launched":  # started by python3 -m xseg: installed already
+        import xseg
+        assert xseg.is_installed(), "python3 -m xseg did not install xseg"
     if mode == "xseg":
         try:
             import xseg
@@ -570,8 +604,9 @@ def close(a, b, tol):
 
 
 def side(mode, names):
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "run", mode, *names], capture_output=True, text=True,
-                       timeout=900)
+    launcher = ["-m", "xseg"] if mode == "launched" else []
+    p = subprocess.run([sys.executable, *launcher, os.path.abspath(__file__), "run", mode, *names],
+                       capture_output=True, text=True, timeout=900)
     lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
         sys.stdout.write(p.stdout[-3000:] + p.stderr[-6000:])
@@ -580,7 +615,15 @@ def side(mode, names):
 
 
 def main(names):
-    nat, xs = side("native", names), side("xseg", names)
+    nat, xs, launched = side("native", names), side("xseg", names), side("launched", names)
+    bad = compare(nat, xs, "xseg")
+    bad += [b + " (launched)" for b in compare(nat, launched, "python3 -m xseg")]
+    print(f"{len(nat) - len(set(b.split(' ')[0] for b in bad))} of {len(nat)} programs agree under install() and "
+          "python3 -m xseg" + (f"; differ: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+def compare(nat, xs, label):
     bad = []
     for name, tol, _ in PROGRAMS:
         if name not in nat:
@@ -592,13 +635,12 @@ def main(names):
         else:
             ok = close(n["result"], x["result"], tol)
             what = "same results" if ok else f"native {json.dumps(n['result'])[:300]} xseg {json.dumps(x['result'])[:300]}"
-        print(f"{'ok  ' if ok else 'FAIL'} {name} ({n['seconds']} s / {x.get('seconds')} s): {what}")
+        print(f"{'ok  ' if ok else 'FAIL'} {name} [{label}] ({n['seconds']} s / {x.get('seconds')} s): {what}")
         if not ok:
             bad.append(name)
             for line in x.get("where", []):
                 print("     " + line)
-    print(f"{len(nat) - len(bad)} of {len(nat)} programs agree" + (f"; differ: {', '.join(bad)}" if bad else ""))
-    return 1 if bad else 0
+    return bad
 
 
 if __name__ == "__main__":
