@@ -17,6 +17,7 @@ both sides raised the same type, or neither raised and the results are
 equal (floats within the program's tolerance: 0 unless an autotuner may
 pick other kernels). None of them was written for xseg: they are the
 checks a user's own script would make."""
+import gc
 import json
 import math
 import os
@@ -582,6 +583,8 @@ def run_side(mode, names):
     for name, _, fn in PROGRAMS:
         if names and name not in names:
             continue
+        gc.collect()  # what earlier programs left is freed before this one counts
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         try:
             res[name] = {"result": fn(torch)}

@@ -662,3 +662,27 @@ def test_launcher_needs_torch_and_runs_nothing_without_it(tmp_path):
     assert p.returncode == 1, (p.stdout, p.stderr)
     assert "xseg: PyTorch is needed to install xseg as its allocator: no torch on this machine" in p.stderr
     assert "ran" not in p.stdout
+
+
+def test_native_ipc_handles_are_parsed_strictly():
+    # PyTorch's shareIpcHandle: 64 raw bytes (older PyTorch), or a version
+    # byte, a type byte and the 64 bytes of a cudaMalloc block's handle.
+    from xseg import _nativeipc
+    h = bytes(range(64))
+    assert _nativeipc.parse_handle(h) == h
+    assert _nativeipc.parse_handle(bytearray(h)) == h
+    assert _nativeipc.parse_handle(b"\x02c" + h) == h
+    assert _nativeipc.parse_handle(b"\x01c" + h) == h
+    with pytest.raises(xseg.XsegError, match="expandable segments.*install xseg in that process"):
+        _nativeipc.parse_handle(b"\x02e" + b"\x00" * 40)
+    with pytest.raises(xseg.XsegError, match="newer than"):
+        _nativeipc.parse_handle(b"\x03c" + h)
+    for bad in (b"", b"\x02", b"\x02c" + h[:63], b"\x02c" + h + b"!", b"\x02x" + h, h[:63]):
+        with pytest.raises(xseg.XsegError):
+            _nativeipc.parse_handle(bad)
+    for bad in (None, "c" * 66, 64, memoryview(h)):
+        with pytest.raises(TypeError):
+            _nativeipc.parse_handle(bad)
+    with pytest.raises(TypeError, match="8 values"):
+        _nativeipc.new_shared_cuda(0, h)
+    assert _nativeipc.opened() == 0

@@ -171,6 +171,50 @@ def test_launcher_runs_a_program_unchanged(tmp_path):
     assert r["name"] == "__main__" and r["argv"][1:] == ["a"] and r["xseg"], r
 
 
+def test_tensors_from_a_process_on_pytorchs_own_allocator(tmp_path):
+    # A producer without xseg (a DataLoader worker, any helper process)
+    # shares CUDA tensors PyTorch's way: cudaIpcMemHandle_t, reference
+    # counter, event. With xseg installed they arrive, views share one
+    # storage, and the handles close when the tensors die.
+    prod = tmp_path / "producer.py"
+    prod.write_text(textwrap.dedent("""
+        import sys
+        import torch
+        import torch.multiprocessing  # noqa: F401  (PyTorch's reducers)
+        from multiprocessing.reduction import ForkingPickler
+        a = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+        b = a[1000:2000]
+        c = torch.full((3, 5), 7.0, device="cuda", dtype=torch.float64)
+        data = bytes(ForkingPickler.dumps([a, b, c]))
+        sys.stdout.buffer.write(len(data).to_bytes(8, "little") + data)
+        sys.stdout.flush()
+        sys.stdin.readline()
+        """))
+    r = run(f"""
+        import gc, pickle, subprocess
+        from xseg import _nativeipc
+        p = subprocess.Popen([sys.executable, {str(prod)!r}], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        n = int.from_bytes(p.stdout.read(8), "little")
+        a, b, c = pickle.loads(p.stdout.read(n))
+        r = dict(a=a.sum().item(), b0=b[0].item(), blen=b.numel(), c=c.sum().item(), cdtype=str(c.dtype),
+                 opened=_nativeipc.opened(), same=a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr(),
+                 xseg_alloc="xseg.num_maps" in torch.cuda.memory_stats())
+        d = (a[:10] * 2).sum().item()  # xseg allocates the result; a stays the producer's
+        del a, b, c
+        gc.collect()
+        r.update(after=_nativeipc.opened(), d=d)
+        p.stdin.write(b"done\\n")
+        p.stdin.flush()
+        r["producer_rc"] = p.wait(60)
+        out(**r)
+        """)
+    assert r["a"] == float((1 << 20) * ((1 << 20) - 1) // 2), r
+    assert r["b0"] == 1000.0 and r["blen"] == 1000 and r["c"] == 105.0 and r["cdtype"] == "torch.float64", r
+    assert r["opened"] >= 1 and r["same"] and r["xseg_alloc"] and r["d"] == 90.0, r
+    assert r["after"] == 0, "every handle closed once its tensors died: %r" % r
+    assert r["producer_rc"] == 0, r
+
+
 def test_memory_api_counts_xseg_blocks():
     r = run("""
         a = torch.empty(10 << 20, dtype=torch.uint8, device="cuda")

@@ -21,7 +21,7 @@ import threading
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from . import _graphs, _lib
+from . import _graphs, _lib, _nativeipc
 from ._lib import XsegError
 
 _log = logging.getLogger("xseg")
@@ -763,6 +763,8 @@ def _patch_torch(torch: Any) -> None:
     _replace(c, "C", "_cuda_getMemoryFraction", lambda device: _fraction_or_one(_device(device)))
     _graphs.patch_graph_trees(torch)
     _patch_multiprocessing(torch)
+    # Tensors from processes on PyTorch's own allocator (_nativeipc says how).
+    _replace(torch.UntypedStorage, "UntypedStorage", "_new_shared_cuda", staticmethod(_nativeipc.new_shared_cuda))
     for owner, key in ((torch.cuda, "cuda"), (torch.cuda.memory, "cuda.memory")):
         _replace(owner, key, "MemPool", MemPool)
 
