@@ -683,6 +683,12 @@ def test_native_ipc_handles_are_parsed_strictly():
     for bad in (None, "c" * 66, 64, memoryview(h)):
         with pytest.raises(TypeError):
             _nativeipc.parse_handle(bad)
+    # Every byte reaches the driver's struct, NULs and what follows them
+    # included (ctypes' own char-array fill stops at the first NUL).
+    raw = bytes([7, 0, 0, 9]) + bytes(range(1, 61))
+    assert bytes(_nativeipc.handle_struct(raw)) == raw
+    with pytest.raises(ValueError):
+        _nativeipc.handle_struct(raw[:63])
     with pytest.raises(TypeError, match="8 values"):
         _nativeipc.new_shared_cuda(0, h)
     assert _nativeipc.opened() == 0

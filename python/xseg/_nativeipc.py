@@ -69,11 +69,34 @@ class _IpcHandle(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_char * IPC_HANDLE_SIZE)]
 
 
+def handle_struct(raw: bytes) -> _IpcHandle:
+    """The CUipcMemHandle of the 64 bytes raw, all of them: _IpcHandle(raw)
+    would copy only up to the first NUL (ctypes fills a char array from
+    bytes as from a C string)."""
+    if len(raw) != IPC_HANDLE_SIZE:
+        raise ValueError(f"xseg: a CUDA IPC handle has {IPC_HANDLE_SIZE} bytes, not {len(raw)}")
+    h = _IpcHandle()
+    ctypes.memmove(ctypes.addressof(h), raw, IPC_HANDLE_SIZE)
+    return h
+
+
 class _Driver:
-    """The three CUDA driver calls, loaded on first use."""
+    """The CUDA driver calls, loaded on first use."""
 
     def __init__(self) -> None:
         cuda = ctypes.CDLL("libcuda.so.1")
+        self.current = cuda.cuCtxGetCurrent
+        self.current.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self.current.restype = ctypes.c_int
+        self.device = cuda.cuDeviceGet
+        self.device.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+        self.device.restype = ctypes.c_int
+        self.retain = cuda.cuDevicePrimaryCtxRetain
+        self.retain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+        self.retain.restype = ctypes.c_int
+        self.set_current = cuda.cuCtxSetCurrent
+        self.set_current.argtypes = [ctypes.c_void_p]
+        self.set_current.restype = ctypes.c_int
         self.open = cuda.cuIpcOpenMemHandle_v2
         self.open.argtypes = [ctypes.POINTER(ctypes.c_uint64), _IpcHandle, ctypes.c_uint]
         self.open.restype = ctypes.c_int
@@ -83,6 +106,22 @@ class _Driver:
         self._name = cuda.cuGetErrorName
         self._name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         self._name.restype = ctypes.c_int
+
+    def ensure_context(self, device: int) -> None:
+        """Make device's primary context current on this thread if no
+        context is (PyTorch makes it current lazily; the IPC calls need one).
+        The caller has made device PyTorch's current device."""
+        ctx = ctypes.c_void_p()
+        if self.current(ctypes.byref(ctx)) == 0 and ctx.value:
+            return
+        dev = ctypes.c_int()
+        rc = self.device(ctypes.byref(dev), device)
+        if rc == 0:
+            rc = self.retain(ctypes.byref(ctx), dev.value)  # PyTorch's runtime holds it for the process too
+        if rc == 0:
+            rc = self.set_current(ctx)
+        if rc != 0:
+            raise XsegError(f"xseg: making device {device}'s CUDA context current: {self.error(rc)}")
 
     def error(self, rc: int) -> str:
         s = ctypes.c_char_p()
@@ -117,8 +156,9 @@ def _open(raw: bytes, device: int) -> int:
             e[1] += 1
             return e[0]
         d = _driver()
+        d.ensure_context(device)
         ptr = ctypes.c_uint64()
-        rc = d.open(ctypes.byref(ptr), _IpcHandle(raw), _LAZY_ENABLE_PEER_ACCESS)
+        rc = d.open(ctypes.byref(ptr), handle_struct(raw), _LAZY_ENABLE_PEER_ACCESS)
         if rc != 0:
             raise XsegError(f"xseg: opening a CUDA IPC handle of another process on device {device}: "
                             f"{d.error(rc)} (the producer may have exited, or run on a device this process "
@@ -138,6 +178,7 @@ def _close(raw: bytes, device: int) -> None:
             return
         del _opened[(device, raw)]
         d = _driver()
+        d.ensure_context(device)
         rc = d.close(e[0])
     if rc != 0:
         _log.warning("xseg: closing a CUDA IPC handle on device %d: %s", device, d.error(rc))
