@@ -20,6 +20,10 @@
 // and end allocating to a pool, release a pool: CUDA graph captures), whose
 // C++ signatures take std::function values; it keeps PyTorch's filters and
 // routes each allocation the filter accepts to the pool's Go allocator.
+// cacheinfo.cc answers PyTorch's cacheInfo (cuDNN's autotuner asks it),
+// which the pluggable allocator refuses with no hook to set: at install
+// time it points that one entry of the class's virtual table, found by
+// mangled name in libtorch_cuda.so, at xseg_cache_info (xseg.h says how).
 // Built with CGO_ENABLED=0 the package is a command that only says how to
 // build it.
 //
