@@ -332,7 +332,7 @@ def main():
     check(xs["reserved_after_empty_cache"] < xs["reserved_before_empty_cache"], "empty_cache gives memory back")
     check(xs["snapshot_segments"] > 0 and xs["snapshot_allocated_sum"] == xs["memory_allocated"],
           "memory_snapshot blocks add up to memory_allocated")
-    for a in ("alloc", "free_requested", "free_completed", "segment_map", "oom"):
+    for a in ("alloc", "free_requested", "free_completed", "segment_map", "segment_unmap", "oom"):
         check(xs["viz_actions"].get(a, 0) > 0, f"memory_viz trace has {a} actions")
     check(isinstance(xs["oom"], dict) and xs["oom"]["type"] == "OutOfMemoryError" and xs["oom"]["matches"],
           "OOM is torch.OutOfMemoryError starting 'CUDA out of memory.'")
