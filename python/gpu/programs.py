@@ -565,6 +565,67 @@ def saved_tensors_on_cpu(torch):
     return {"losses": train(opt, batches(torch, 4, 128), loss_of)}
 
 
+@program(tol=1e-5)
+def compile_reduce_overhead_training_shapes(torch):
+    # Graph trees with several shapes, forward and backward, re-entered.
+    model = mlp(torch, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    f = torch.compile(model, mode="reduce-overhead")
+    g = torch.Generator(device="cuda").manual_seed(9)
+    losses = []
+    for i in range(9):
+        x = torch.randn(8 * (1 + i % 3), 64, device="cuda", generator=g)
+        loss = (f(x) - x).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses}
+
+
+@program()
+def empty_cache_while_a_side_stream_works(torch):
+    s = torch.cuda.Stream()
+    a = torch.full((1 << 24,), 1.0, device="cuda")
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(20):
+            a.mul_(1.01)  # queued work on a, on s
+        total = a.sum()
+    a.record_stream(s)
+    del a
+    torch.cuda.empty_cache()  # a's memory may go only after s is done with it
+    junk = [torch.full((1 << 24,), -5.0, device="cuda") for _ in range(4)]
+    torch.cuda.current_stream().wait_stream(s)
+    r = total.item()
+    del junk
+    return {"total": round(r, 1)}
+
+
+@program()
+def graph_in_a_mempool(torch):
+    pool = torch.cuda.MemPool()
+    x = torch.ones(1024, device="cuda")
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool.id):
+        y = x * 3
+    x.fill_(2)
+    g.replay()
+    return {"y": y.sum().item()}
+
+
+@program()
+def free_on_another_thread(torch):
+    import threading
+    ptrs = [torch.cuda.caching_allocator_alloc(n) for n in (512, 70000, 3 << 20)]
+    base = torch.cuda.memory_allocated()
+    t = threading.Thread(target=lambda: [torch.cuda.caching_allocator_delete(p) for p in ptrs])
+    t.start()
+    t.join()
+    return {"freed": base - torch.cuda.memory_allocated() > 0}
+
+
 def run_side(mode, names):
     if mode == "launched":  # started by python3 -m xseg: installed already
         import xseg
