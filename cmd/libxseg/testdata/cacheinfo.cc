@@ -15,6 +15,7 @@
 #include <string>
 
 #include "xseg.h"
+#include "testdata/harness_cc.h"
 
 namespace torch {
 namespace cuda {
@@ -30,18 +31,6 @@ class Base {  // the fake's layout, as a caller compiled against it sees it
 }  // namespace cuda
 }  // namespace torch
 using Base = torch::cuda::CUDAPluggableAllocator::Base;
-
-#define FAIL(...)                         \
-	do {                                  \
-		std::printf("FAIL " __VA_ARGS__); \
-		std::printf("\n");                \
-		return 1;                         \
-	} while (0)
-
-template <typename F>
-F sym(void* h, const char* name) {
-	return reinterpret_cast<F>(dlsym(h, name));
-}
 
 // writable reports whether the mapping holding addr is writable (-1: none).
 static int writable(const void* addr) {

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "xseg.h"
+#include "testdata/harness_cc.h"
 
 // PyTorch's exception classes as a program built against libc10 sees them:
 // only the names and the virtual what_without_backtrace matter here.
@@ -25,18 +26,6 @@ class Error : public std::exception {
 };
 class OutOfMemoryError : public Error {};
 }  // namespace c10
-
-#define FAIL(...)                     \
-	do {                              \
-		std::printf("FAIL " __VA_ARGS__); \
-		std::printf("\n");            \
-		return 1;                     \
-	} while (0)
-
-template <typename F>
-F sym(void* h, const char* name) {
-	return reinterpret_cast<F>(dlsym(h, name));
-}
 
 int main(int argc, char** argv) {
 	void* h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
