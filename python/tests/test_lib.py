@@ -692,3 +692,51 @@ def test_native_ipc_handles_are_parsed_strictly():
     with pytest.raises(TypeError, match="8 values"):
         _nativeipc.new_shared_cuda(0, h)
     assert _nativeipc.opened() == 0
+
+
+def test_native_ipc_opens_a_handle_once_and_closes_after_its_last_storage(monkeypatch):
+    # The driver stands in: one open per handle and device however many
+    # storages, one close after the last; a failed open leaves nothing.
+    from xseg import _nativeipc
+    calls = []
+
+    class Driver:
+        rc = 0
+
+        def ensure_context(self, device):
+            calls.append(("ctx", device))
+
+        def open(self, pptr, handle, flags):
+            calls.append(("open", bytes(handle), flags))
+            if self.rc:
+                return self.rc
+            pptr._obj.value = 0x7000 + len(calls)
+            return 0
+
+        def close(self, ptr):
+            calls.append(("close", ptr))
+            return 0
+
+        def error(self, rc):
+            return f"E{rc}"
+
+    d = Driver()
+    monkeypatch.setattr(_nativeipc, "_driver_obj", [d])
+    monkeypatch.setattr(_nativeipc, "_opened", {})
+    raw, other = bytes(range(64)), bytes(range(1, 65))
+    p = _nativeipc._open(raw, 0)
+    assert _nativeipc._open(raw, 0) == p and _nativeipc.opened() == 1
+    assert [c[0] for c in calls].count("open") == 1 and calls[1] == ("open", raw, 1)
+    q = _nativeipc._open(raw, 1)  # another device: its own open
+    assert q != p and _nativeipc.opened() == 2
+    _nativeipc._close(raw, 0)
+    assert not [c for c in calls if c[0] == "close"]
+    _nativeipc._close(raw, 0)
+    assert [c for c in calls if c[0] == "close"] == [("close", p)] and _nativeipc.opened() == 1
+    _nativeipc._close(raw, 0)  # once more: nothing left to close
+    _nativeipc._close(raw, 1)
+    assert _nativeipc.opened() == 0
+    d.rc = 201
+    with pytest.raises(xseg.XsegError, match="E201"):
+        _nativeipc._open(other, 0)
+    assert _nativeipc.opened() == 0
