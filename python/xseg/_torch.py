@@ -663,7 +663,9 @@ def install(path: Optional[str] = None, conf: Optional[str] = None, enable_loggi
     get_per_process_memory_fraction, memory_snapshot,
     memory._record_memory_history / _snapshot / _dump_snapshot,
     torch.cuda.MemPool / use_mem_pool, CUDA graphs and torch.compile's graph
-    trees, and CUDA tensors through torch.multiprocessing.
+    trees, CUDA tensors through torch.multiprocessing (also those sent by
+    processes on PyTorch's own allocator), and cuDNN's autotuner
+    (torch.backends.cudnn.benchmark, through PyTorch's cacheInfo).
 
     Installing again only checks the library. Raises RuntimeError when CUDA
     is already initialized or PyTorch refuses the swap, ValueError for a
