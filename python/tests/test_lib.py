@@ -740,3 +740,146 @@ def test_native_ipc_opens_a_handle_once_and_closes_after_its_last_storage(monkey
     with pytest.raises(xseg.XsegError, match="E201"):
         _nativeipc._open(other, 0)
     assert _nativeipc.opened() == 0
+
+
+def _fake_torch(log, as_tensor_error=None, event_error=None):
+    """Just enough of torch for xseg._nativeipc.new_shared_cuda, recording
+    what it is asked to do."""
+    import contextlib
+    import types
+
+    class Stream:
+        def __init__(self, dev):
+            self.dev = dev
+
+        def wait_event(self, ev):
+            if event_error:
+                raise event_error
+            log.append(("wait_event", self.dev))
+
+        def synchronize(self):
+            log.append(("sync", self.dev))
+
+    class Storage:
+        @staticmethod
+        def _release_ipc_counter_cuda(handle, offset):
+            log.append(("release_counter", handle, offset))
+
+    class Tensor:
+        def __init__(self, held):
+            self.held = held
+
+        def untyped_storage(self):
+            return self
+
+    def as_tensor(held, device=None):
+        if as_tensor_error:
+            raise as_tensor_error
+        return Tensor(held)
+
+    cuda = types.SimpleNamespace(
+        device=lambda d: contextlib.nullcontext(),
+        current_stream=lambda d: Stream(d),
+        Event=types.SimpleNamespace(from_ipc_handle=lambda d, h: ("event", d, h)))
+    return types.SimpleNamespace(cuda=cuda, as_tensor=as_tensor, device=lambda kind, d: (kind, d),
+                                 UntypedStorage=Storage)
+
+
+class _StandInDriver:
+    """The CUDA driver calls of xseg._nativeipc, failing where told."""
+
+    def __init__(self, log):
+        self.log, self.open_rc, self.close_rc, self.context_error = log, 0, 0, None
+
+    def ensure_context(self, device):
+        if self.context_error:
+            raise self.context_error
+        self.log.append(("ctx", device))
+
+    def open(self, pptr, handle, flags):
+        self.log.append(("open",))
+        if self.open_rc:
+            return self.open_rc
+        pptr._obj.value = 0x9000
+        return 0
+
+    def close(self, ptr):
+        self.log.append(("close", ptr))
+        return self.close_rc
+
+    def error(self, rc):
+        return f"E{rc}"
+
+
+def test_native_ipc_faults_leave_nothing_open(monkeypatch):
+    # Each step of receiving a native producer's tensor fails in turn; the
+    # undo closes what was opened and gives the producer's counter back,
+    # and a failure before the open opens nothing.
+    import gc
+    from xseg import _nativeipc
+    h = b"\x02c" + bytes(range(64))
+    args = (0, h, 4096, 512, b"/torch_ref", 3, b"\x00" * 64, True)
+    log = []
+    d = _StandInDriver(log)
+    monkeypatch.setattr(_nativeipc, "_driver_obj", [d])
+    monkeypatch.setattr(_nativeipc, "_opened", {})
+
+    # As it should go: the storage arrives; dropping it syncs, closes and
+    # releases the counter, once.
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(log))
+    st = _nativeipc.new_shared_cuda(*args)
+    assert st.held.__cuda_array_interface__["data"] == (0x9000 + 512, False)
+    assert st.held.__cuda_array_interface__["shape"] == (4096,)
+    assert ("wait_event", 0) in log and _nativeipc.opened() == 1
+    del st
+    gc.collect()
+    assert [e for e in log if e[0] in ("sync", "close", "release_counter")] == [
+        ("sync", 0), ("close", 0x9000), ("release_counter", b"/torch_ref", 3)]
+    assert _nativeipc.opened() == 0
+
+    # Building the tensor fails after the open: undone.
+    log.clear()
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(log, as_tensor_error=RuntimeError("as_tensor")))
+    with pytest.raises(RuntimeError, match="as_tensor"):
+        _nativeipc.new_shared_cuda(*args)
+    gc.collect()
+    assert ("close", 0x9000) in log and ("release_counter", b"/torch_ref", 3) in log
+    assert _nativeipc.opened() == 0
+
+    # The producer's event cannot be waited for: nothing is opened.
+    log.clear()
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(log, event_error=RuntimeError("event")))
+    with pytest.raises(RuntimeError, match="event"):
+        _nativeipc.new_shared_cuda(*args)
+    assert ("open",) not in log and _nativeipc.opened() == 0
+
+    # No CUDA context can be made current, or the open fails: XsegError,
+    # nothing opened.
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(log))
+    d.context_error = xseg.XsegError("xseg: making device 0's CUDA context current: E3")
+    with pytest.raises(xseg.XsegError, match="context current"):
+        _nativeipc.new_shared_cuda(*args)
+    d.context_error = None
+    d.open_rc = 1
+    with pytest.raises(xseg.XsegError, match="E1"):
+        _nativeipc.new_shared_cuda(*args)
+    assert _nativeipc.opened() == 0
+
+    # The close fails: a warning, the entry gone, the counter still given back.
+    d.open_rc, d.close_rc = 0, 700
+    log.clear()
+    st = _nativeipc.new_shared_cuda(*args)
+    del st
+    gc.collect()
+    assert ("close", 0x9000) in log and ("release_counter", b"/torch_ref", 3) in log
+    assert _nativeipc.opened() == 0
+
+    # Bad values from the pickle: refused before anything is opened.
+    for bad, err in (((0, h, -1, 0, b"r", 0, b"e", False), ValueError),
+                     ((0, h, 1, 0, "r", 0, b"e", False), TypeError),
+                     ((0, b"\x02e" + b"\x00" * 8, 1, 0, b"r", 0, b"e", False), xseg.XsegError)):
+        log.clear()
+        with pytest.raises(err):
+            _nativeipc.new_shared_cuda(*bad)
+        assert ("open",) not in log
+    assert _nativeipc.opened() == 0

@@ -194,7 +194,13 @@ class _Received:
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (base + offset, False),
                                          "version": 3, "strides": None, "stream": None}
 
-    def __del__(self) -> None:
+    def release(self) -> None:
+        """Give everything back, once: wait for the consumer's stream, count
+        the handle's storage off (closing it after the last), and give the
+        producer's reference counter back."""
+        if self.raw is None:
+            return
+        raw, self.raw = self.raw, None
         torch = sys.modules.get("torch")
         if torch is None:
             return
@@ -203,13 +209,16 @@ class _Received:
                 # As PyTorch's own consumer: the consumer's work on the
                 # bytes ends before the producer may reuse them.
                 torch.cuda.current_stream(self.device).synchronize()
-                _close(self.raw, self.device)
-        except Exception as e:  # noqa: BLE001 (a finalizer must not raise)
+                _close(raw, self.device)
+        except Exception as e:  # noqa: BLE001 (called from a finalizer: must not raise)
             _log.warning("xseg: letting go of a tensor received from another process: %s", e)
         try:
             torch.UntypedStorage._release_ipc_counter_cuda(self.ref_handle, self.ref_offset)
         except Exception:  # noqa: BLE001 (the producer has exited: nothing to give back)
             pass
+
+    def __del__(self) -> None:
+        self.release()
 
 
 def new_shared_cuda(*args: Any, **kwargs: Any) -> Any:
@@ -233,5 +242,10 @@ def new_shared_cuda(*args: Any, **kwargs: Any) -> Any:
             torch.cuda.current_stream(device).wait_event(event)
         base = _open(raw, device)
         held = _Received(raw, device, base, offset, nbytes, ref_handle, ref_offset)
-        t = torch.as_tensor(held, device=torch.device("cuda", device))
+        try:
+            t = torch.as_tensor(held, device=torch.device("cuda", device))
+        except BaseException:
+            # Now, not when the traceback that holds held goes.
+            held.release()
+            raise
     return t.untyped_storage()
