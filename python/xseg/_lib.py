@@ -165,6 +165,14 @@ def _integer(v: Any, what: str) -> int:
         raise TypeError(f"xseg: {what} must be an integer, not {type(v).__name__}") from None
 
 
+def cuda_array_interface(ptr: int, shape: Tuple[int, ...], typestr: str = "|u1") -> Dict[str, Any]:
+    """The __cuda_array_interface__ (version 3) of C-order memory at ptr of
+    shape, elements of CAI type typestr, with no stream to wait for: what
+    the package's holders of device memory give torch.as_tensor."""
+    return {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3, "strides": None,
+            "stream": None}
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     missing = [n for n in _SIGNATURES if not hasattr(lib, n)]
     if missing:

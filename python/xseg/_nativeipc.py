@@ -29,7 +29,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Tuple
 
-from ._lib import XsegError
+from ._lib import XsegError, cuda_array_interface
 
 _log = logging.getLogger("xseg")
 
@@ -191,8 +191,7 @@ class _Received:
     def __init__(self, raw: bytes, device: int, base: int, offset: int, nbytes: int, ref_handle: bytes,
                  ref_offset: int) -> None:
         self.raw, self.device, self.ref_handle, self.ref_offset = raw, device, ref_handle, ref_offset
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (base + offset, False),
-                                         "version": 3, "strides": None, "stream": None}
+        self.__cuda_array_interface__ = cuda_array_interface(base + offset, (nbytes,))
 
     def release(self) -> None:
         """Give everything back, once: wait for the consumer's stream, count

@@ -359,8 +359,7 @@ class _Block:
 
     def __init__(self, ptr: int, size: int, device: int) -> None:
         self.ptr, self.size, self.device = ptr, size, device
-        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (ptr, False),
-                                         "version": 3, "strides": None, "stream": None}
+        self.__cuda_array_interface__ = _lib.cuda_array_interface(ptr, (size,))
 
     def __del__(self) -> None:
         lib = _lib.loaded()
@@ -412,8 +411,8 @@ class _Opened:
 
     def __init__(self, m: _lib.Mapping, typestr: str = "|u1", shape: Optional[Tuple[int, ...]] = None) -> None:
         self.mapping = m
-        self.__cuda_array_interface__ = {"shape": (m.size,) if shape is None else shape, "typestr": typestr,
-                                         "data": (m.ptr, False), "version": 3, "strides": None, "stream": None}
+        self.__cuda_array_interface__ = _lib.cuda_array_interface(m.ptr, (m.size,) if shape is None else shape,
+                                                                  typestr)
 
 
 _cuda_devices: Dict[int, Any] = {}  # ordinal -> torch.device("cuda", ordinal)
