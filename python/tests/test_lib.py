@@ -883,3 +883,39 @@ def test_native_ipc_faults_leave_nothing_open(monkeypatch):
             _nativeipc.new_shared_cuda(*bad)
         assert ("open",) not in log
     assert _nativeipc.opened() == 0
+
+
+def test_native_ipc_context_calls_fail_cleanly():
+    # _Driver.ensure_context over stand-ins for the four driver calls: a
+    # current context needs nothing more; each later call failing in turn
+    # raises XsegError with the driver's name for the error.
+    from xseg import _nativeipc
+    calls = []
+
+    def driver(current=0, fail=None):
+        d = object.__new__(_nativeipc._Driver)
+
+        def call(name, rc=0, set_to=None):
+            def f(*a):
+                calls.append(name)
+                if set_to is not None:
+                    a[0]._obj.value = set_to
+                return 9 if fail == name else rc
+            return f
+        d.current = call("current", set_to=current)
+        d.device = call("device", set_to=0)
+        d.retain = call("retain", set_to=0x55)
+        d.set_current = call("set_current")
+        d._name = lambda rc, p: (setattr(p._obj, "value", b"CUDA_ERROR_NINE"), 0)[1]
+        return d
+
+    driver(current=0x77).ensure_context(0)
+    assert calls == ["current"]
+    calls.clear()
+    driver().ensure_context(1)
+    assert calls == ["current", "device", "retain", "set_current"]
+    for step in ("device", "retain", "set_current"):
+        calls.clear()
+        with pytest.raises(xseg.XsegError, match="device 2's CUDA context current: CUDA_ERROR_NINE"):
+            driver(fail=step).ensure_context(2)
+        assert calls[-1] == step
