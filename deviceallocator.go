@@ -20,6 +20,8 @@ type engine interface {
 	Tagger
 	PinBlock(ptr vmm.DevicePtr) (handles.Pin, error)
 	Pinned() int
+	AllocReusable(size uint64, s vmm.Stream) (vmm.DevicePtr, bool, error)
+	CountReused(ptr vmm.DevicePtr) error
 	Device() vmm.Device
 	Driver() vmm.Driver
 	Config() Config
@@ -81,6 +83,18 @@ func (a *DeviceAllocator) Config() Config { return a.e.Config() }
 func (a *DeviceAllocator) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 	return a.e.Alloc(size, s)
 }
+
+// AllocReusable is Alloc that also reports whether the block may be taken
+// back for the same request on s without the allocator (C code that parks
+// frees: libxseg), until anything else is done to it or the allocator.
+func (a *DeviceAllocator) AllocReusable(size uint64, s vmm.Stream) (vmm.DevicePtr, bool, error) {
+	return a.e.AllocReusable(size, s)
+}
+
+// CountReused counts an allocation and a free of the allocated block at
+// ptr made without the allocator: the block was freed and taken back for
+// the same request on its stream.
+func (a *DeviceAllocator) CountReused(ptr vmm.DevicePtr) error { return a.e.CountReused(ptr) }
 
 // AllocAtMost returns the largest block it can get of at most max and at
 // least min bytes, and its size.

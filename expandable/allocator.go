@@ -80,6 +80,18 @@ func (a *Allocator) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 	return a.heap.Alloc(size, s)
 }
 
+// AllocReusable is Alloc that also reports whether the block may be taken
+// back for the same request on s without the allocator, until anything
+// else is done to it (core.Heap.AllocReusable; libxseg's C API).
+func (a *Allocator) AllocReusable(size uint64, s vmm.Stream) (vmm.DevicePtr, bool, error) {
+	return a.heap.AllocReusable(size, s)
+}
+
+// CountReused counts an allocation and a free of the allocated block at
+// ptr that the caller made without the allocator, taking the block back
+// for the same request on its stream.
+func (a *Allocator) CountReused(ptr vmm.DevicePtr) error { return a.heap.CountReused(ptr) }
+
 // AllocAtMost returns the largest block it can get of at most max and at
 // least min bytes, and its size: it tries max, then shrinks the request by
 // the configured OOMSizeFactor, by at least 1/64 of max and one small page

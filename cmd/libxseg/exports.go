@@ -37,7 +37,21 @@ func fail(name string, err error) {
 // catch, deferred by every export, turns a panic into a recorded failure:
 // a panic never crosses into C. The export's results keep the values they
 // had, which each export arranges to be its failure value.
+//
+// Every export but the plain allocation and free (which defer catchPlain)
+// defers it, and so starts a new epoch of the free queue when it returns
+// (freequeue.go): no block remembered before the call is taken back after
+// it.
 func catch(name string) {
+	newEpoch()
+	if r := recover(); r != nil {
+		fail(name, fmt.Errorf("panic: %v", r))
+	}
+}
+
+// catchPlain is catch for the plain allocation and free, which leave the
+// epoch as it is.
+func catchPlain(name string) {
 	if r := recover(); r != nil {
 		fail(name, fmt.Errorf("panic: %v", r))
 	}
@@ -63,10 +77,10 @@ func jsonOut(name string, b []byte, err error) *C.char {
 }
 
 //export xsegGoMalloc
-func xsegGoMalloc(size C.ssize_t, device C.int, stream C.uintptr_t) (ptr C.uintptr_t) {
-	defer catch("xseg_malloc")
-	drainFrees()
-	p, err := lib.malloc(int64(size), int(device), vmm.Stream(stream))
+func xsegGoMalloc(size C.ssize_t, device C.int, stream C.uintptr_t, epoch *C.uint32_t) (ptr C.uintptr_t) {
+	defer catchPlain("xseg_malloc")
+	drainPlain()
+	p, err := mallocPlain(int64(size), int(device), vmm.Stream(stream), epoch)
 	if err != nil {
 		fail("xseg_malloc", fmt.Errorf("%d bytes on device %d: %w", int64(size), int(device), err))
 		return 0
@@ -79,10 +93,10 @@ func xsegGoMalloc(size C.ssize_t, device C.int, stream C.uintptr_t) (ptr C.uintp
 // it without racing other threads' failures.
 //
 //export xsegGoMallocOrError
-func xsegGoMallocOrError(size C.ssize_t, device C.int, stream C.uintptr_t, errText **C.char, oom *C.int) (ptr C.uintptr_t) {
-	defer catch("xseg_malloc")
-	drainFrees()
-	p, err := lib.malloc(int64(size), int(device), vmm.Stream(stream))
+func xsegGoMallocOrError(size C.ssize_t, device C.int, stream C.uintptr_t, errText **C.char, oom *C.int, epoch *C.uint32_t) (ptr C.uintptr_t) {
+	defer catchPlain("xseg_malloc")
+	drainPlain()
+	p, err := mallocPlain(int64(size), int(device), vmm.Stream(stream), epoch)
 	if err != nil {
 		err = fmt.Errorf("%d bytes on device %d: %w", int64(size), int(device), err)
 		fail("xseg_malloc", err)
@@ -94,8 +108,8 @@ func xsegGoMallocOrError(size C.ssize_t, device C.int, stream C.uintptr_t, errTe
 
 //export xsegGoFree
 func xsegGoFree(ptr C.uintptr_t, size C.ssize_t, device C.int, stream C.uintptr_t) {
-	defer catch("xseg_free")
-	drainFrees()
+	defer catchPlain("xseg_free")
+	drainPlain()
 	if err := lib.free(vmm.DevicePtr(ptr), int(device)); err != nil {
 		fail("xseg_free", fmt.Errorf("%#x (%d bytes) on device %d: %w", uintptr(ptr), int64(size), int(device), err))
 	}

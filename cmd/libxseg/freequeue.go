@@ -46,8 +46,12 @@ var fqApplied atomic.Uint32
 // fqChunk is the most entries a drain takes from the ring at once.
 const fqChunk = 8
 
-// fqCap is the ring's capacity, XSEG_FQ_CAP.
-const fqCap = C.XSEG_FQ_CAP
+// fqCap is the ring's capacity, XSEG_FQ_CAP; fqScan how many of its newest
+// entries xseg_malloc looks at to take a block back, XSEG_FQ_SCAN.
+const (
+	fqCap  = C.XSEG_FQ_CAP
+	fqScan = C.XSEG_FQ_SCAN
+)
 
 // backOff is one turn of a spin wait: after 64 turns (as shim.c's lock)
 // it yields the thread.
@@ -57,11 +61,92 @@ func backOff(spins int) {
 	}
 }
 
-// drainFrees applies every parked free, in the order parked.
-func drainFrees() { drainWith(applyFree) }
+// Taking blocks back. A parked free whose block xseg_malloc handed out
+// (xseg_fq_remember: the block, its request, device and stream) is parked
+// REUSABLE, and a later xseg_malloc or xseg_malloc_or_throw of exactly that
+// request on that device and stream, with no route of a CUDA graph or
+// region on the call, takes the most recent such block back (among the
+// last XSEG_FQ_SCAN parked) without calling Go: the entry becomes REUSED,
+// and the drain counts an allocation and a free of the block
+// (CountReused) instead of freeing it. Go never saw the free, so its books
+// are right without it: the block stays allocated for the same request on
+// the same stream, and a block freed and reallocated on its own stream
+// needs no wait.
+//
+// Only blocks of the plain path qualify: Go says so when it allocates
+// (AllocReusable: no history, pins, routes or release threshold), and
+// the answer holds only within one epoch (xseg_fq.epoch): every export
+// but the plain allocation and free starts a new one when it begins
+// (drainFrees) and when it returns (catch). So a block recorded for
+// history, shared, used on another stream, paused, or allocated or freed
+// around a capture, a configuration change or anything else never comes
+// back this way: after any such call the remembered blocks and parked
+// entries of the epoch before are ignored. The C side trusts nothing the
+// caller of xseg_free says: the request and stream come from what
+// xseg_malloc recorded for that address in that epoch.
 
-// applyFree applies one parked free, recording a failure as xseg_free's.
-func applyFree(ptr uint64, dev int) {
+// loadEpoch is the free queue's epoch.
+func loadEpoch() uint32 {
+	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&C.xseg_fq.epoch)))
+}
+
+// newEpoch starts a new epoch of the free queue (never 0, which turns
+// taking back off).
+func newEpoch() {
+	if atomic.AddUint32((*uint32)(unsafe.Pointer(&C.xseg_fq.epoch)), 1) == 0 {
+		atomic.AddUint32((*uint32)(unsafe.Pointer(&C.xseg_fq.epoch)), 1)
+	}
+}
+
+// mallocPlain is malloc for the C API's plain path: it sets *epoch to the
+// free queue's epoch read before allocating if the block may be taken
+// back (freequeue.go), else to 0.
+func mallocPlain(size int64, dev int, s vmm.Stream, epoch *C.uint32_t) (vmm.DevicePtr, error) {
+	e := loadEpoch()
+	if epoch != nil {
+		*epoch = 0
+	}
+	if size <= 0 {
+		return lib.malloc(size, dev, s)
+	}
+	a, err := lib.allocator(dev)
+	if err != nil {
+		return 0, err
+	}
+	p, ok, err := a.AllocReusable(uint64(size), s)
+	if err == nil && ok && epoch != nil {
+		*epoch = C.uint32_t(e)
+	}
+	return p, err
+}
+
+// drainFrees starts a new epoch and applies every parked free, in the
+// order parked: what every export but the plain allocation and free does
+// first.
+func drainFrees() {
+	newEpoch()
+	drainWith(applyFree)
+}
+
+// drainPlain applies every parked free and leaves the epoch.
+func drainPlain() { drainWith(applyFree) }
+
+// applyFree applies one parked free, recording a failure as xseg_free's,
+// or counts a block taken back.
+func applyFree(ptr uint64, dev int, reused bool) {
+	if reused {
+		a, err := lib.existing(dev)
+		if err == nil && a == nil {
+			err = fmt.Errorf("device %d has no allocations: %w", dev, vmm.ErrInvalid)
+		}
+		if err == nil {
+			err = a.CountReused(vmm.DevicePtr(ptr))
+		}
+		if err != nil {
+			fail("xseg_malloc", fmt.Errorf("%#x taken back on device %d: %w", ptr, dev, err))
+		}
+		return
+	}
 	if err := lib.free(vmm.DevicePtr(ptr), dev); err != nil {
 		fail("xseg_free", fmt.Errorf("%#x on device %d: %w", ptr, dev, err))
 	}
@@ -70,7 +155,7 @@ func applyFree(ptr uint64, dev int) {
 // drainWith takes the parked frees in order and gives each to apply. It
 // returns once every free parked before it began is applied, by it or by
 // a drain on another thread that took some of them first.
-func drainWith(apply func(ptr uint64, dev int)) {
+func drainWith(apply func(ptr uint64, dev int, reused bool)) {
 	q := &C.xseg_fq
 	target := atomic.LoadUint32((*uint32)(unsafe.Pointer(&q.tail)))
 	if fqApplied.Load() == target {
@@ -92,9 +177,9 @@ func drainWith(apply func(ptr uint64, dev int)) {
 // applyChunk applies es, the entries taken from ring position h on, and
 // then, once every earlier chunk is published, publishes them: fqApplied
 // becomes h+len(es).
-func applyChunk(h uint32, es []C.struct_xseg_fq_entry, apply func(ptr uint64, dev int)) {
+func applyChunk(h uint32, es []C.struct_xseg_fq_entry, apply func(ptr uint64, dev int, reused bool)) {
 	for _, e := range es {
-		applyOne(uint64(e.ptr), int(e.device), apply)
+		applyOne(uint64(e.ptr), int(e.device), e.kind == C.XSEG_FQ_REUSED, apply)
 	}
 	for spins := 0; fqApplied.Load() != h; spins++ {
 		backOff(spins)
@@ -104,13 +189,13 @@ func applyChunk(h uint32, es []C.struct_xseg_fq_entry, apply func(ptr uint64, de
 
 // applyOne applies one free; a panic is recorded as xseg_free's failure
 // and goes no further, so that the other frees are applied and published.
-func applyOne(ptr uint64, dev int, apply func(ptr uint64, dev int)) {
+func applyOne(ptr uint64, dev int, reused bool, apply func(ptr uint64, dev int, reused bool)) {
 	defer func() {
 		if r := recover(); r != nil {
 			fail("xseg_free", fmt.Errorf("panic: %v", r))
 		}
 	}()
-	apply(ptr, dev)
+	apply(ptr, dev, reused)
 }
 
 // fqTake moves up to len(out) parked entries, oldest first, into out under
@@ -146,6 +231,17 @@ func setFreesDirect(on bool) {
 // is full or direct.
 func parkFree(ptr uint64, dev int) bool { return C.xseg_fq_push(C.uint64_t(ptr), C.int(dev)) != 0 }
 
+// rememberBlock and takeBack call xseg_fq_remember and xseg_fq_take_back,
+// for tests.
+func rememberBlock(ptr, size uint64, dev int, s vmm.Stream, epoch uint32) {
+	C.xseg_fq_remember(C.uint64_t(ptr), C.uint64_t(size), C.int(dev), C.uint64_t(s), C.uint32_t(epoch))
+}
+
+func takeBack(size uint64, dev int, s vmm.Stream) uint64 {
+	return uint64(C.xseg_fq_take_back(C.uint64_t(size), C.int(dev), C.uint64_t(s)))
+}
+
 func init() {
+	newEpoch()
 	lib.onStart = func(releaseThreshold uint64) { setFreesDirect(releaseThreshold > 0) }
 }

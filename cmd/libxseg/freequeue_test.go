@@ -3,6 +3,7 @@
 package main
 
 import (
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -13,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/xseg-dev/xseg/vmm"
 )
 
 // The free queue is process-wide C state: these tests take it one at a
@@ -21,10 +24,10 @@ var fqTest sync.Mutex
 
 func takeQueue(t *testing.T) {
 	fqTest.Lock()
-	drainWith(func(uint64, int) {})
+	drainWith(func(uint64, int, bool) {})
 	t.Cleanup(func() {
 		setFreesDirect(false)
-		drainWith(func(uint64, int) {})
+		drainWith(func(uint64, int, bool) {})
 		fqTest.Unlock()
 	})
 }
@@ -39,7 +42,7 @@ type parked struct {
 func TestFreeQueueOrder(t *testing.T) {
 	takeQueue(t)
 	var got []parked
-	rec := func(p uint64, d int) { got = append(got, parked{p, d}) }
+	rec := func(p uint64, d int, _ bool) { got = append(got, parked{p, d}) }
 	var want []parked
 	for round := range 5 { // 5 x 100 entries: past the 256-entry ring's wrap
 		for i := range 100 {
@@ -50,7 +53,7 @@ func TestFreeQueueOrder(t *testing.T) {
 		drainWith(rec)
 	}
 	require.Equal(t, want, got)
-	drainWith(func(uint64, int) { t.Fatal("an empty queue applied a free") })
+	drainWith(func(uint64, int, bool) { t.Fatal("an empty queue applied a free") })
 }
 
 // TestFreeQueueFull: the ring takes XSEG_FQ_CAP frees, then refuses (the
@@ -64,10 +67,10 @@ func TestFreeQueueFull(t *testing.T) {
 	}
 	require.Equal(t, fqCap, n)
 	applied := 0
-	drainWith(func(uint64, int) { applied++ })
+	drainWith(func(uint64, int, bool) { applied++ })
 	require.Equal(t, fqCap, applied)
 	require.True(t, parkFree(1<<9, 0))
-	drainWith(func(uint64, int) {})
+	drainWith(func(uint64, int, bool) {})
 
 	setFreesDirect(true)
 	require.False(t, parkFree(1<<9, 0), "a direct queue parked a free")
@@ -83,7 +86,7 @@ func TestFreeQueuePanic(t *testing.T) {
 		require.True(t, parkFree(uint64(i+1)<<9, 0))
 	}
 	var seen []uint64
-	drainWith(func(p uint64, _ int) {
+	drainWith(func(p uint64, _ int, _ bool) {
 		seen = append(seen, p)
 		if p == 3<<9 {
 			panic("boom")
@@ -96,7 +99,7 @@ func TestFreeQueuePanic(t *testing.T) {
 	}
 	require.True(t, parkFree(99<<9, 0))
 	var after []uint64
-	drainWith(func(p uint64, _ int) { after = append(after, p) })
+	drainWith(func(p uint64, _ int, _ bool) { after = append(after, p) })
 	require.Equal(t, []uint64{99 << 9}, after)
 }
 
@@ -108,7 +111,7 @@ func TestFreeQueueConcurrent(t *testing.T) {
 	takeQueue(t)
 	const producers, each = 6, 3000
 	var applied [producers * each]atomic.Int32
-	apply := func(p uint64, _ int) {
+	apply := func(p uint64, _ int, _ bool) {
 		applied[p>>9-1].Add(1)
 	}
 	var wg sync.WaitGroup
@@ -171,12 +174,16 @@ func TestFreeQueueDirectWithThreshold(t *testing.T) {
 
 // TestExportsDrainFirst: every export applies the parked frees before its
 // own work (right after its deferred catch), so no call observes the
-// library before a free that returned earlier.
+// library before a free that returned earlier; and every export but the
+// plain allocation and free starts a new epoch of the free queue when it
+// begins and returns (drainFrees and catch), so that nothing it does can
+// meet a block taken back under the rules of the epoch before.
 func TestExportsDrainFirst(t *testing.T) {
+	plain := map[string]bool{"xsegGoMalloc": true, "xsegGoMallocOrError": true, "xsegGoFree": true}
 	files, err := filepath.Glob("*.go")
 	require.NoError(t, err)
 	fset := token.NewFileSet()
-	n := 0
+	n, nPlain := 0, 0
 	for _, f := range files {
 		if strings.HasSuffix(f, "_test.go") {
 			continue
@@ -189,14 +196,19 @@ func TestExportsDrainFirst(t *testing.T) {
 				continue
 			}
 			n++
+			catchFn, drainFn := "catch", "drainFrees"
+			if plain[fn.Name.Name] {
+				catchFn, drainFn = "catchPlain", "drainPlain"
+				nPlain++
+			}
 			drains, deferred := false, false
 			for _, st := range fn.Body.List {
-				if d, ok := st.(*ast.DeferStmt); ok && isCall(d.Call, "catch") {
+				if d, ok := st.(*ast.DeferStmt); ok && isCall(d.Call, catchFn) {
 					deferred = true
 					continue
 				}
 				if e, ok := st.(*ast.ExprStmt); ok && deferred {
-					if c, ok := e.X.(*ast.CallExpr); ok && isCall(c, "drainFrees") {
+					if c, ok := e.X.(*ast.CallExpr); ok && isCall(c, drainFn) {
 						drains = true
 					}
 				}
@@ -204,10 +216,11 @@ func TestExportsDrainFirst(t *testing.T) {
 					break
 				}
 			}
-			require.True(t, drains, "%s: %s does not call drainFrees right after its deferred catch", f, fn.Name.Name)
+			require.True(t, drains, "%s: %s does not call %s right after its deferred %s", f, fn.Name.Name, drainFn, catchFn)
 		}
 	}
 	require.GreaterOrEqual(t, n, 30, "found too few exports")
+	require.Equal(t, len(plain), nPlain, "a plain export is missing")
 }
 
 func isCall(c *ast.CallExpr, name string) bool {
@@ -222,4 +235,84 @@ func exported(fn *ast.FuncDecl) bool {
 		}
 	}
 	return false
+}
+
+// TestTakeBackMatching: a parked block comes back only for exactly its
+// request, device and stream as remembered in this epoch, newest first,
+// within the last XSEG_FQ_SCAN entries, never after a later free of the
+// same address; the drain sees the entries taken back as such.
+func TestTakeBackMatching(t *testing.T) {
+	takeQueue(t)
+	newEpoch()
+	e := loadEpoch()
+	const s1, s2 = vmm.Stream(0x7000), vmm.Stream(0x8000)
+	blk := func(i int) uint64 { return uint64(i) << 20 }
+	rememberBlock(blk(1), 1000, 0, s1, e)
+	rememberBlock(blk(2), 1000, 0, s1, e)
+	rememberBlock(blk(3), 1000, 1, s1, e)
+	rememberBlock(blk(4), 1000, 0, s2, e)
+	rememberBlock(blk(5), 1000, 0, s1, 0)   // not plain
+	rememberBlock(blk(6), 1000, 0, s1, e-1) // another epoch
+	for i := 1; i <= 6; i++ {
+		dev := 0
+		if i == 3 {
+			dev = 1
+		}
+		require.True(t, parkFree(blk(i), dev))
+	}
+	require.Zero(t, takeBack(1001, 0, s1), "another request")
+	require.Zero(t, takeBack(1000, 2, s1), "another device")
+	require.Zero(t, takeBack(1000, 1, s2), "device 1 has none on s2")
+	require.Equal(t, blk(4), takeBack(1000, 0, s2))
+	require.Equal(t, blk(3), takeBack(1000, 1, s1))
+	require.Equal(t, blk(2), takeBack(1000, 0, s1), "the newest first; 5 and 6 are not plain in this epoch")
+	require.Equal(t, blk(1), takeBack(1000, 0, s1))
+	require.Zero(t, takeBack(1000, 0, s1), "every block taken")
+
+	// A block taken back is remembered again: freed, it comes back again.
+	require.True(t, parkFree(blk(1), 0))
+	require.Equal(t, blk(1), takeBack(1000, 0, s1))
+	// Freed twice: never.
+	require.True(t, parkFree(blk(1), 0))
+	require.True(t, parkFree(blk(1), 0))
+	require.Zero(t, takeBack(1000, 0, s1), "a block freed twice came back")
+
+	// A free the remembered block's device does not match is parked plain.
+	rememberBlock(blk(7), 512, 0, s1, e)
+	require.True(t, parkFree(blk(7), 1))
+	require.Zero(t, takeBack(512, 0, s1))
+	require.Zero(t, takeBack(512, 1, s1))
+
+	// Past the scan window: only the last XSEG_FQ_SCAN entries are looked at.
+	rememberBlock(blk(8), 2048, 0, s1, e)
+	require.True(t, parkFree(blk(8), 0))
+	for i := range fqScan {
+		require.True(t, parkFree(blk(100+i), 0))
+	}
+	require.Zero(t, takeBack(2048, 0, s1), "an entry past the scan window came back")
+
+	// A new epoch: nothing remembered before comes back.
+	rememberBlock(blk(9), 4096, 0, s1, e)
+	require.True(t, parkFree(blk(9), 0))
+	newEpoch()
+	require.Zero(t, takeBack(4096, 0, s1), "a block of the last epoch came back")
+
+	// The drain: every entry once, in order, the ones taken back marked.
+	var got []string
+	drainWith(func(p uint64, d int, reused bool) {
+		got = append(got, fmt.Sprintf("%d/%d/%v", p>>20, d, reused))
+	})
+	want := []string{"1/0/true", "2/0/true", "3/1/true", "4/0/true", "5/0/false", "6/0/false", "1/0/true", "1/0/false", "1/0/false", "7/1/false", "8/0/false"}
+	for i := range fqScan {
+		want = append(want, fmt.Sprintf("%d/0/false", 100+i))
+	}
+	want = append(want, "9/0/false")
+	require.Equal(t, want, got)
+
+	// Direct: nothing is taken back.
+	rememberBlock(blk(10), 512, 0, s1, loadEpoch())
+	require.True(t, parkFree(blk(10), 0))
+	setFreesDirect(true)
+	require.Zero(t, takeBack(512, 0, s1))
+	setFreesDirect(false)
 }

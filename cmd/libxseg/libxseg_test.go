@@ -69,6 +69,13 @@ func TestCAPI(t *testing.T) {
 		require.Contains(t, lines[0], "not supported")
 		require.Equal(t, lines[0], lines[1])
 	})
+	t.Run("TakeBack", func(t *testing.T) {
+		// Blocks taken back by xseg_malloc without a call into Go.
+		prog := filepath.Join(dir, "takeback")
+		run(t, time.Minute, nil, cc, "-O2", "-Wall", "-I.", "-o", prog, "testdata/takeback.c", "-ldl", "-lpthread")
+		out := run(t, 2*time.Minute, host, prog, lib)
+		require.Contains(t, out, "ok\n", out)
+	})
 	t.Run("Limits", func(t *testing.T) {
 		// The memory-limit and history exports from C, bad input included.
 		prog := filepath.Join(dir, "limits")

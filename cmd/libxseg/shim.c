@@ -19,27 +19,111 @@ static void fq_lock(void) {
 
 static void fq_unlock(void) { __atomic_store_n(&xseg_fq.lock, 0, __ATOMIC_RELEASE); }
 
+static struct xseg_fq_recent* fq_slot(uint64_t ptr) {
+	/* Blocks start at multiples of 512 bytes. */
+	uint64_t h = (ptr >> 9) * 0x9E3779B97F4A7C15ull;
+	return &xseg_fq.recent[h >> (64 - 12)];
+}
+
+_Static_assert(XSEG_FQ_RECENT == 1 << 12, "fq_slot takes 12 bits");
+
+/* fq_note remembers a block handed out; the caller holds the lock. */
+static void fq_note(uint64_t ptr, uint64_t size, int device, uint64_t stream, uint32_t epoch) {
+	struct xseg_fq_recent* r = fq_slot(ptr);
+	r->ptr = ptr;
+	r->size = size;
+	r->stream = stream;
+	r->device = device;
+	r->epoch = epoch;
+}
+
 int xseg_fq_push(uint64_t ptr, int device) {
 	if (__atomic_load_n(&xseg_fq.direct, __ATOMIC_ACQUIRE)) {
 		return 0;
 	}
+	uint32_t epoch = __atomic_load_n(&xseg_fq.epoch, __ATOMIC_ACQUIRE);
 	fq_lock();
+	struct xseg_fq_recent* r = fq_slot(ptr);
+	struct xseg_fq_recent known = *r;
+	if (known.ptr == ptr) {
+		r->ptr = 0; /* the block is being freed: it is no longer handed out */
+	}
 	uint32_t t = xseg_fq.tail;
 	int parked = t - xseg_fq.head < XSEG_FQ_CAP;
 	if (parked) {
-		xseg_fq.buf[t & (XSEG_FQ_CAP - 1)].ptr = ptr;
-		xseg_fq.buf[t & (XSEG_FQ_CAP - 1)].device = device;
+		struct xseg_fq_entry* e = &xseg_fq.buf[t & (XSEG_FQ_CAP - 1)];
+		e->ptr = ptr;
+		e->device = device;
+		e->kind = XSEG_FQ_FREE;
+		if (known.ptr == ptr && known.device == device && known.epoch == epoch && epoch != 0) {
+			e->kind = XSEG_FQ_REUSABLE;
+			e->size = known.size;
+			e->stream = known.stream;
+			e->epoch = epoch;
+		}
 		__atomic_store_n(&xseg_fq.tail, t + 1, __ATOMIC_RELEASE);
 	}
 	fq_unlock();
 	return parked;
 }
 
+void xseg_fq_remember(uint64_t ptr, uint64_t size, int device, uint64_t stream, uint32_t epoch) {
+	if (ptr == 0 || epoch == 0) {
+		return;
+	}
+	fq_lock();
+	fq_note(ptr, size, device, stream, epoch);
+	fq_unlock();
+}
+
+uint64_t xseg_fq_take_back(uint64_t size, int device, uint64_t stream) {
+	if (size == 0 || __atomic_load_n(&xseg_fq.direct, __ATOMIC_ACQUIRE)) {
+		return 0;
+	}
+	uint32_t epoch = __atomic_load_n(&xseg_fq.epoch, __ATOMIC_ACQUIRE);
+	if (epoch == 0) {
+		return 0;
+	}
+	fq_lock();
+	uint32_t h = xseg_fq.head, t = xseg_fq.tail;
+	uint64_t ptr = 0;
+	/* The frees parked after a candidate: a block freed again after the
+	 * free that made it a candidate (a double free) is not taken back,
+	 * or Go would apply that second free to the block's new owner. */
+	uint64_t later[XSEG_FQ_SCAN];
+	for (int k = 0; k < XSEG_FQ_SCAN && t != h; k++) {
+		struct xseg_fq_entry* e = &xseg_fq.buf[--t & (XSEG_FQ_CAP - 1)];
+		int again = 0;
+		for (int j = 0; j < k; j++) {
+			again |= later[j] == e->ptr;
+		}
+		later[k] = e->ptr;
+		if (!again && e->kind == XSEG_FQ_REUSABLE && e->epoch == epoch && e->size == size && e->device == device &&
+		    e->stream == stream) {
+			e->kind = XSEG_FQ_REUSED;
+			ptr = e->ptr;
+			fq_note(ptr, size, device, stream, epoch);
+			xseg_fq.reused++;
+			break;
+		}
+	}
+	fq_unlock();
+	return ptr;
+}
+
 void* xseg_malloc(ssize_t size, int device, void* stream) {
 	unsigned long long first, second;
 	switch (xseg_pool_route(device, stream, &first, &second)) {
-	case 0:
-		return (void*)xsegGoMalloc(size, device, (uintptr_t)stream);
+	case 0: {
+		uint64_t p = xseg_fq_take_back((uint64_t)size, device, (uintptr_t)stream);
+		if (p != 0) {
+			return (void*)(uintptr_t)p;
+		}
+		uint32_t epoch = 0;
+		p = xsegGoMalloc(size, device, (uintptr_t)stream, &epoch);
+		xseg_fq_remember(p, (uint64_t)size, device, (uintptr_t)stream, epoch);
+		return (void*)(uintptr_t)p;
+	}
 	case 1:
 		return (void*)xsegGoMallocInPool(size, device, (uintptr_t)stream, first, second, NULL, NULL);
 	default:

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "freequeue.h"
 #include "xseg.h"
 #include "_cgo_export.h"
 
@@ -77,8 +78,14 @@ extern "C" void* xseg_malloc_or_throw(ssize_t size, int device, void* stream) {
 		throw std::runtime_error("xseg_malloc: the stream filter of an active CUDA graph pool failed");
 	}
 	uintptr_t st = reinterpret_cast<uintptr_t>(stream);
-	uintptr_t p = routed == 1 ? xsegGoMallocInPool(size, device, st, first, second, &err, &oom)
-	                          : xsegGoMallocOrError(size, device, st, &err, &oom);
+	uintptr_t p;
+	if (routed == 1) {
+		p = xsegGoMallocInPool(size, device, st, first, second, &err, &oom);
+	} else if ((p = xseg_fq_take_back(static_cast<uint64_t>(size), device, st)) == 0) {
+		uint32_t epoch = 0;
+		p = xsegGoMallocOrError(size, device, st, &err, &oom, &epoch);
+		xseg_fq_remember(p, static_cast<uint64_t>(size), device, st, epoch);
+	}
 	if (p != 0 || size == 0) {
 		return reinterpret_cast<void*>(p);
 	}

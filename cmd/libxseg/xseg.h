@@ -108,7 +108,14 @@ void* xseg_malloc_at_most(size_t max, size_t min, int device, void* stream, size
  * the next call of any function here from any thread (each applies the
  * frees made before it, before its own work), or at once when 256 frees
  * are waiting or release_threshold_mb is set; so a bad free's error is
- * there for xseg_last_error right after, as before. */
+ * there for xseg_last_error right after, as before. Until then, an
+ * xseg_malloc (or xseg_malloc_or_throw) of exactly the size the block was
+ * allocated for, on the same device and stream, may take the block back
+ * without calling into the allocator, if no other function here was called
+ * since the block was allocated and nothing records history, routes to a
+ * pool or uses the block elsewhere (freequeue.go says exactly when): it is
+ * what freeing and allocating again would give, and the statistics count
+ * both. */
 void xseg_free(void* ptr, ssize_t size, int device, void* stream);
 
 /* xseg_record_stream marks the block that starts at ptr as used on stream

@@ -127,6 +127,26 @@ func (s *blockStats) deactivate(p Pool, size uint64) {
 	}
 }
 
+// countPair counts a block of size bytes of pool p, handed out for req
+// bytes, freed and handed out again for the same request: the totals
+// gain, the current values (and so the peaks) stay.
+func (s *blockStats) countPair(p Pool, size, req uint64) {
+	t := &s.pools[p].total
+	t[hAllocBytes] += int64(size)
+	t[hReqBytes] += int64(req)
+	t[hAllocs]++
+	if invariantsOn {
+		sh := &s.shadow
+		for _, c := range []struct {
+			st *PoolStat
+			n  uint64
+		}{{&sh.AllocatedBytes, size}, {&sh.RequestedBytes, req}, {&sh.Allocations, 1}, {&sh.ActiveBytes, size}, {&sh.ActiveBlocks, 1}} {
+			c.st.Dec(p, c.n)
+			c.st.Inc(p, c.n)
+		}
+	}
+}
+
 // totalOf is the allocated total of counter i.
 func totalOf(ps *poolBlockStats, i int) int64 {
 	switch i {

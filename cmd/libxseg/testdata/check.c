@@ -47,25 +47,6 @@ static int error_has_ptr(const char* prefix, const void* p) {
 	return error_has(want);
 }
 
-// stat reads one counter, e.g. stat(0, "allocated_bytes", "current"), from
-// the stats JSON's "all" pool; -1 if the JSON has no such key.
-static long long stat(int dev, const char* name, const char* field) {
-	char* js = p_xseg_stats_json(dev);
-	if (!js) return -1;
-	char key[128];
-	snprintf(key, sizeof key, "\"%s\":{\"all\":{", name);
-	long long v = -1;
-	char* at = strstr(js, key);
-	if (at) {
-		char f[64];
-		snprintf(f, sizeof f, "\"%s\":", field);
-		char* end = strchr(at, '}');
-		char* fa = strstr(at, f);
-		if (fa && fa < end) v = atoll(fa + strlen(f));
-	}
-	p_xseg_string_free(js);
-	return v;
-}
 
 
 static void* worker(void* arg) {
