@@ -78,6 +78,39 @@ def test_oom_is_torch_out_of_memory_error():
     assert r["after"] == 10.0 and r["ooms"] >= 1
 
 
+def test_same_shape_tensors_are_taken_back_and_counted():
+    # PyTorch frees through xseg_free and allocates through
+    # xseg_malloc_or_throw: a tensor of the shape just freed takes the
+    # block back without a call into Go (freequeue.go), the values are
+    # right, and memory_stats counts every allocation and free.
+    r = run("""
+        import ctypes
+        lib = ctypes.CDLL(xseg._lib.library_path())
+        fq = ctypes.c_uint64.from_address(ctypes.addressof(ctypes.c_char.in_dll(lib, "xseg_fq")) + 24)
+        torch.ones(1, device="cuda")
+        s0 = torch.cuda.memory_stats()
+        r0 = fq.value
+        total, ptrs = 0.0, set()
+        for i in range(500):
+            x = torch.full((1000,), float(i), device="cuda")
+            ptrs.add(x.data_ptr())
+            total += float(x[-1])
+            del x
+        r1 = fq.value
+        s1 = torch.cuda.memory_stats()
+        out(taken=r1 - r0, total=total, ptrs=len(ptrs),
+            allocs=s1["allocation.all.allocated"] - s0["allocation.all.allocated"],
+            frees=s1["allocation.all.freed"] - s0["allocation.all.freed"],
+            live=s1["allocation.all.current"] - s0["allocation.all.current"],
+            peak=s1["allocated_bytes.all.peak"] - s0["allocated_bytes.all.peak"])
+        """)
+    assert r["total"] == sum(range(500))
+    assert r["taken"] >= 400, r  # .item() syncs but calls nothing of xseg's
+    assert r["ptrs"] <= 3, r
+    assert r["allocs"] >= 500 and r["allocs"] == r["frees"], r
+    assert r["live"] == 0 and r["peak"] <= 4096, r
+
+
 def test_cudnn_benchmark_asks_xseg_cache_info():
     # cuDNN's autotuner asks the allocator's cacheInfo, which PyTorch's
     # pluggable allocator refuses; install() routes it to xseg.
