@@ -74,7 +74,9 @@ func backOff(spins int) {
 // needs no wait.
 //
 // Only blocks of the plain path qualify: Go says so when it allocates
-// (AllocReusable: no history, pins, routes or release threshold), and
+// (AllocReusable: no history, pins, routes or release threshold, and a
+// block smaller than a page: larger ones decide which pages can be
+// unmapped, and Go's Free and Alloc let them merge and be placed anew), and
 // the answer holds only within one epoch (xseg_fq.epoch): every export
 // but the plain allocation and free starts a new one when it begins
 // (drainFrees) and when it returns (catch). So a block recorded for

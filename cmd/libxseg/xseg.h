@@ -109,8 +109,9 @@ void* xseg_malloc_at_most(size_t max, size_t min, int device, void* stream, size
  * frees made before it, before its own work), or at once when 256 frees
  * are waiting or release_threshold_mb is set; so a bad free's error is
  * there for xseg_last_error right after, as before. Until then, an
- * xseg_malloc (or xseg_malloc_or_throw) of exactly the size the block was
- * allocated for, on the same device and stream, may take the block back
+ * xseg_malloc (or xseg_malloc_or_throw) of exactly the size a block
+ * smaller than a page was allocated for, on the same device and stream,
+ * may take the block back
  * without calling into the allocator, if no other function here was called
  * since the block was allocated and nothing records history, routes to a
  * pool or uses the block elsewhere (freequeue.go says exactly when): it is

@@ -16,7 +16,11 @@ import (
 
 // AllocReusable is Alloc that also reports whether the block may be taken
 // back so: whether freeing it now would take Free's warm path (a block of
-// a shared pool; no history, pins, route or release threshold). A caller
+// a shared pool; no history, pins, route or release threshold) and the
+// block is smaller than a page of its pool. A block of a page or more
+// decides which whole pages can be unmapped or recycled: Free and the
+// next Alloc let it merge with free neighbours and be placed anew, which
+// taking it back would skip. A caller
 // must stop taking blocks back as soon as anything else is done to the
 // Heap or the block (libxseg: any other call into Go).
 func (h *Heap) AllocReusable(size uint64, s vmm.Stream) (vmm.DevicePtr, bool, error) {
@@ -26,7 +30,7 @@ func (h *Heap) AllocReusable(size uint64, s vmm.Stream) (vmm.DevicePtr, bool, er
 	}
 	h.mu.Lock()
 	b := h.blockLocked(p)
-	ok := h.plainFreeLocked(b)
+	ok := h.plainFreeLocked(b) && b.size < b.seg.PageSize
 	h.mu.Unlock()
 	return p, ok, nil
 }

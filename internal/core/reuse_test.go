@@ -27,6 +27,12 @@ func TestAllocReusable(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.NoError(t, a.Free(p))
+		p, ok, err = a.AllocReusable(2<<20, 0)
+		require.NoError(t, err)
+		if k.name == "expandable" { // fallback's pages are its segments
+			require.False(t, ok, "a block of a whole page is reusable")
+		}
+		require.NoError(t, a.Free(p))
 
 		require.NoError(t, a.RecordHistory(10))
 		p, ok, err = a.AllocReusable(1000, 0)

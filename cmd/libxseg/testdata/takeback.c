@@ -92,6 +92,15 @@ int main(int argc, char** argv) {
 	CHECK(a != NULL && reused() == r0, "another request: %llu taken", (unsigned long long)(reused() - r0));
 	p_xseg_free(a, 1001, 0, S1);
 
+	// A block of a page (2 MiB) or more goes through Go: it decides which
+	// pages can be unmapped.
+	p = p_xseg_malloc(2 << 20, 0, S1);
+	r0 = reused();
+	p_xseg_free(p, 2 << 20, 0, S1);
+	q = p_xseg_malloc(2 << 20, 0, S1);
+	CHECK(q != NULL && reused() == r0, "a block of a whole page was taken back");
+	p_xseg_free(q, 2 << 20, 0, S1);
+
 	// What xseg_free's caller says about size and stream is not trusted:
 	// the block of 1000 bytes freed "as 1 GiB on stream 2" comes back only
 	// for 1000 bytes on stream 1.
