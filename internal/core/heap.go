@@ -256,7 +256,11 @@ func (h *Heap) sizeClass(size uint64) (uint64, Pool) {
 // allocHeld is allocLocked for a caller that holds h.mu: it unlocks it.
 func (h *Heap) allocHeld(size, rs uint64, pool Pool, s vmm.Stream, final bool, id PoolID) (vmm.DevicePtr, error) {
 	defer h.mu.Unlock()
-	return h.allocLocked(size, rs, pool, s, final, id)
+	b, err := h.allocLocked(size, rs, pool, s, final, id)
+	if err != nil {
+		return 0, err
+	}
+	return b.ptr, nil
 }
 
 // quietLocked reports whether an allocation on stream s can take a parked
@@ -268,24 +272,24 @@ func (h *Heap) quietLocked(s vmm.Stream) bool {
 }
 
 // allocLocked allocates size bytes, rs rounded, of pool on stream s (see
-// allocTo for id).
-func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool, id PoolID) (vmm.DevicePtr, error) {
+// allocTo for id) and returns the allocated block.
+func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool, id PoolID) (*block, error) {
 	if h.mu.closed {
-		return 0, fmt.Errorf("allocating %d bytes: %w", size, vmm.ErrClosed)
+		return nil, fmt.Errorf("allocating %d bytes: %w", size, vmm.ErrClosed)
 	}
 	if size > h.limit || rs < size {
-		return 0, h.tooLargeLocked(size, s, final)
+		return nil, h.tooLargeLocked(size, s, final)
 	}
 	if s != 0 && s != h.mu.lastStream {
 		if err := h.checkStreamLocked(s); err != nil {
-			return 0, fmt.Errorf("allocating %d bytes: %w", size, err)
+			return nil, fmt.Errorf("allocating %d bytes: %w", size, err)
 		}
 	}
 	var st *state
 	if len(h.mu.routes) > 0 || !id.IsZero() {
 		var err error
 		if st, err = h.privateStateLocked(id, s, rs, pool); err != nil {
-			return 0, err
+			return nil, err
 		}
 	} else if len(h.mu.deferred) > 0 {
 		h.settleLocked()
@@ -300,14 +304,14 @@ func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool,
 	if b == nil {
 		var err error
 		if b, err = h.allocSlowLocked(st, rs, size, final); err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
 	b = h.handOutLocked(b, rs, size)
 	if invariantsOn {
 		h.checkLocked()
 	}
-	return b.ptr, nil
+	return b, nil
 }
 
 // handOutLocked makes free block b (in no free structure) an allocated

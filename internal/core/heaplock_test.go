@@ -68,3 +68,18 @@ func TestHeapLockLongHold(t *testing.T) {
 	require.True(t, l.TryLock())
 	l.Unlock()
 }
+
+// BenchmarkHeapLockPair takes and releases the Heap's lock twice, as a
+// warm Alloc and Free each do once: the floor under
+// expandable's BenchmarkAllocFreeCached, which is what the locked
+// instruction costs on the machine at hand (bench/RESULTS.md compares the
+// two in one run on the GPU machine's CPU).
+func BenchmarkHeapLockPair(b *testing.B) {
+	var h Heap
+	for b.Loop() {
+		h.mu.Lock()
+		h.mu.Unlock()
+		h.mu.Lock()
+		h.mu.Unlock()
+	}
+}

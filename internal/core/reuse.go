@@ -23,16 +23,21 @@ import (
 // taking it back would skip. A caller
 // must stop taking blocks back as soon as anything else is done to the
 // Heap or the block (libxseg: any other call into Go).
+//
+// It takes the Heap's lock once, as Alloc does: the answer is about the
+// block as it was handed out.
 func (h *Heap) AllocReusable(size uint64, s vmm.Stream) (vmm.DevicePtr, bool, error) {
-	p, err := h.Alloc(size, s)
+	if size == 0 {
+		return 0, false, errZeroSize()
+	}
+	rs, pool := h.sizeClass(size)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b, err := h.allocLocked(size, rs, pool, s, true, PoolID{})
 	if err != nil {
 		return 0, false, err
 	}
-	h.mu.Lock()
-	b := h.blockLocked(p)
-	ok := h.plainFreeLocked(b) && b.size < b.seg.PageSize
-	h.mu.Unlock()
-	return p, ok, nil
+	return b.ptr, h.plainFreeLocked(b) && b.size < b.seg.PageSize, nil
 }
 
 // CountReused counts an allocation and a free of the allocated block at
