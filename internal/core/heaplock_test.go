@@ -78,8 +78,11 @@ func BenchmarkHeapLockPair(b *testing.B) {
 	var h Heap
 	for b.Loop() {
 		h.mu.Lock()
+		h.mu.freeSeq++ // a word under the lock, as Alloc's counters are
 		h.mu.Unlock()
 		h.mu.Lock()
+		h.mu.freeSeq++
 		h.mu.Unlock()
 	}
+	require.Equal(b, uint64(2*b.N), h.mu.freeSeq)
 }
