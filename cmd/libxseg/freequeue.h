@@ -5,6 +5,7 @@
 #define XSEG_FREEQUEUE_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -76,6 +77,13 @@ void xseg_fq_remember(uint64_t ptr, uint64_t size, int device, uint64_t stream, 
  * if there is none. */
 enum { XSEG_FQ_SCAN = 16 };
 uint64_t xseg_fq_take_back(uint64_t size, int device, uint64_t stream);
+
+/* xseg_fq_malloc is the plain (unrouted) path of xseg_malloc and
+ * xseg_malloc_or_throw: a block taken back (xseg_fq_take_back), else one
+ * from Go, remembered for taking back (xseg_fq_remember). With err NULL a
+ * failure becomes the thread's error (xsegGoMalloc); else *err and *oom
+ * receive it (xsegGoMallocOrError). */
+uint64_t xseg_fq_malloc(ssize_t size, int device, uint64_t stream, char** err, int* oom);
 
 #ifdef __cplusplus
 }

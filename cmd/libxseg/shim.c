@@ -111,19 +111,26 @@ uint64_t xseg_fq_take_back(uint64_t size, int device, uint64_t stream) {
 	return ptr;
 }
 
+uint64_t xseg_fq_malloc(ssize_t size, int device, uint64_t stream, char** err, int* oom) {
+	uint64_t p = xseg_fq_take_back((uint64_t)size, device, stream);
+	if (p != 0) {
+		return p;
+	}
+	uint32_t epoch = 0;
+	if (err != NULL) {
+		p = xsegGoMallocOrError(size, device, stream, err, oom, &epoch);
+	} else {
+		p = xsegGoMalloc(size, device, stream, &epoch);
+	}
+	xseg_fq_remember(p, (uint64_t)size, device, stream, epoch);
+	return p;
+}
+
 void* xseg_malloc(ssize_t size, int device, void* stream) {
 	unsigned long long first, second;
 	switch (xseg_pool_route(device, stream, &first, &second)) {
-	case 0: {
-		uint64_t p = xseg_fq_take_back((uint64_t)size, device, (uintptr_t)stream);
-		if (p != 0) {
-			return (void*)(uintptr_t)p;
-		}
-		uint32_t epoch = 0;
-		p = xsegGoMalloc(size, device, (uintptr_t)stream, &epoch);
-		xseg_fq_remember(p, (uint64_t)size, device, (uintptr_t)stream, epoch);
-		return (void*)(uintptr_t)p;
-	}
+	case 0:
+		return (void*)(uintptr_t)xseg_fq_malloc(size, device, (uintptr_t)stream, NULL, NULL);
 	case 1:
 		return (void*)xsegGoMallocInPool(size, device, (uintptr_t)stream, first, second, NULL, NULL);
 	default:

@@ -81,10 +81,8 @@ extern "C" void* xseg_malloc_or_throw(ssize_t size, int device, void* stream) {
 	uintptr_t p;
 	if (routed == 1) {
 		p = xsegGoMallocInPool(size, device, st, first, second, &err, &oom);
-	} else if ((p = xseg_fq_take_back(static_cast<uint64_t>(size), device, st)) == 0) {
-		uint32_t epoch = 0;
-		p = xsegGoMallocOrError(size, device, st, &err, &oom, &epoch);
-		xseg_fq_remember(p, static_cast<uint64_t>(size), device, st, epoch);
+	} else {
+		p = xseg_fq_malloc(size, device, st, &err, &oom);
 	}
 	if (p != 0 || size == 0) {
 		return reinterpret_cast<void*>(p);

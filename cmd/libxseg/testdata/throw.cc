@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "freequeue.h"
 #include "xseg.h"
 #include "testdata/harness_cc.h"
 
@@ -44,6 +45,20 @@ int main(int argc, char** argv) {
 	record(reinterpret_cast<void*>(0x1000), nullptr);       // not xseg's: quiet
 	f(p, 1 << 20, 0, nullptr);
 	empty();
+
+	// PyTorch's path takes a parked block back as xseg_malloc does
+	// (takeback.c has the rules): the same request again gets the block
+	// without Go, and the library counts it.
+	auto fq = static_cast<struct xseg_fq*>(dlsym(h, "xseg_fq"));
+	if (!fq) FAIL("dlsym xseg_fq: %s", dlerror());
+	void* small = m(4096, 0, nullptr);
+	f(small, 4096, 0, nullptr);
+	uint64_t before = __atomic_load_n(&fq->reused, __ATOMIC_ACQUIRE);
+	void* again = m(4096, 0, nullptr);
+	if (again != small || __atomic_load_n(&fq->reused, __ATOMIC_ACQUIRE) != before + 1)
+		FAIL("4 KiB again: %p for %p, %llu taken back", again, small,
+		     static_cast<unsigned long long>(__atomic_load_n(&fq->reused, __ATOMIC_ACQUIRE) - before));
+	f(again, 4096, 0, nullptr);
 
 	// Out of memory: caught as c10::OutOfMemoryError, PyTorch's message.
 	for (ssize_t size : {ssize_t(2) << 30, ssize_t(1) << 45}) {
