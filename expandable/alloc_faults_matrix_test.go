@@ -2,6 +2,7 @@ package expandable
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -42,6 +43,19 @@ func allocFree(a *Allocator, size uint64) error {
 	p, err := a.Alloc(size, 0)
 	if err != nil {
 		return err
+	}
+	return a.Free(p)
+}
+
+// allocFreeReusable allocates size bytes through AllocReusable, which
+// must answer no for a block of a page or more, and frees them.
+func allocFreeReusable(a *Allocator, size uint64) error {
+	p, ok, err := a.AllocReusable(size, 0)
+	if err != nil {
+		return err
+	}
+	if ok {
+		return errors.Join(fmt.Errorf("AllocReusable(%d) answered yes for a block of a page or more", size), a.Free(p))
 	}
 	return a.Free(p)
 }
@@ -134,6 +148,14 @@ func TestFaultMatrix(t *testing.T) {
 		allocScenario("alloc", matrixConfig(), none,
 			func(a *Allocator) error { _, err := a.Alloc(50*mib, 0); return err },
 			func(a *Allocator) error { return allocFree(a, 50*mib) }),
+		// AllocReusable (libxseg's plain path) grows under the lock it
+		// answers with: its growth fails as Alloc's does.
+		allocScenario("alloc-reusable", matrixConfig(), none,
+			func(a *Allocator) error { _, _, err := a.AllocReusable(50*mib, 0); return err },
+			func(a *Allocator) error { return allocFreeReusable(a, 50*mib) }),
+		allocScenario("alloc-reusable-recycle", recycle, freeFirstOf(&held, 40*mib, 2*mib),
+			func(a *Allocator) error { _, _, err := a.AllocReusable(60*mib, 0); return err },
+			func(a *Allocator) error { return allocFreeReusable(a, 60*mib) }),
 		allocScenario("grow", matrixConfig(),
 			func(a *Allocator) error { _, err := a.Alloc(10*mib, 0); return err },
 			func(a *Allocator) error { _, err := a.Alloc(50*mib, 0); return err },
