@@ -129,14 +129,22 @@ func xseg_memory_fraction(device C.int, out *C.double) (rc C.int) {
 	rc = -1
 	defer catch("xseg_memory_fraction")
 	drainFrees()
+	return readInto("xseg_memory_fraction", "out", device, out, lib.memoryFraction, func(f float64) C.double { return C.double(f) })
+}
+
+// readInto is the body of an export that reads one value of device
+// through get and writes it, converted, through out (the C parameter
+// named param): 0, or -1 with the thread's error, out untouched, when out
+// is NULL or get fails.
+func readInto[V, Out any](name, param string, device C.int, out *Out, get func(int) (V, error), conv func(V) Out) C.int {
 	if out == nil {
-		return status("xseg_memory_fraction", fmt.Errorf("device %d: out is NULL: %w", int(device), vmm.ErrInvalid))
+		return status(name, fmt.Errorf("device %d: %s is NULL: %w", int(device), param, vmm.ErrInvalid))
 	}
-	f, err := lib.memoryFraction(int(device))
+	v, err := get(int(device))
 	if err == nil {
-		*out = C.double(f)
+		*out = conv(v)
 	}
-	return status("xseg_memory_fraction", err)
+	return status(name, err)
 }
 
 //export xseg_set_memory_limit
@@ -152,14 +160,7 @@ func xseg_cache_info(device C.int, largest *C.size_t) (rc C.int) {
 	rc = -1
 	defer catch("xseg_cache_info")
 	drainFrees()
-	if largest == nil {
-		return status("xseg_cache_info", fmt.Errorf("device %d: largest is NULL: %w", int(device), vmm.ErrInvalid))
-	}
-	n, err := lib.cacheInfo(int(device))
-	if err == nil {
-		*largest = C.size_t(n)
-	}
-	return status("xseg_cache_info", err)
+	return readInto("xseg_cache_info", "largest", device, largest, lib.cacheInfo, func(n uint64) C.size_t { return C.size_t(n) })
 }
 
 //export xseg_record_history
