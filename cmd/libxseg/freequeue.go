@@ -105,19 +105,12 @@ func newEpoch() {
 // back (freequeue.go), else to 0.
 func mallocPlain(size int64, dev int, s vmm.Stream, epoch *C.uint32_t) (vmm.DevicePtr, error) {
 	e := loadEpoch()
+	p, ok, err := lib.mallocReusable(size, dev, s)
 	if epoch != nil {
 		*epoch = 0
-	}
-	if size <= 0 {
-		return lib.malloc(size, dev, s)
-	}
-	a, err := lib.allocator(dev)
-	if err != nil {
-		return 0, err
-	}
-	p, ok, err := a.AllocReusable(uint64(size), s)
-	if err == nil && ok && epoch != nil {
-		*epoch = C.uint32_t(e)
+		if err == nil && ok {
+			*epoch = C.uint32_t(e)
+		}
 	}
 	return p, err
 }

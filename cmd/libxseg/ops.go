@@ -13,17 +13,24 @@ import (
 // malloc returns a block of size bytes on dev for use on stream s. A size
 // of 0 returns 0 and no error, as PyTorch's own allocator does.
 func (l *library) malloc(size int64, dev int, s vmm.Stream) (vmm.DevicePtr, error) {
+	p, _, err := l.mallocReusable(size, dev, s)
+	return p, err
+}
+
+// mallocReusable is malloc that also reports whether the free queue may
+// take the block back (DeviceAllocator.AllocReusable; freequeue.go).
+func (l *library) mallocReusable(size int64, dev int, s vmm.Stream) (vmm.DevicePtr, bool, error) {
 	if size <= 0 {
 		if size == 0 {
-			return 0, nil
+			return 0, false, nil
 		}
-		return 0, fmt.Errorf("negative size %d: %w", size, vmm.ErrInvalid)
+		return 0, false, fmt.Errorf("negative size %d: %w", size, vmm.ErrInvalid)
 	}
 	a, err := l.allocator(dev)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	return a.Alloc(uint64(size), s)
+	return a.AllocReusable(uint64(size), s)
 }
 
 // free gives back a block of dev. Freeing 0 does nothing; freeing a pointer
