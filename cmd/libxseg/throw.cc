@@ -78,12 +78,8 @@ extern "C" void* xseg_malloc_or_throw(ssize_t size, int device, void* stream) {
 		throw std::runtime_error("xseg_malloc: the stream filter of an active CUDA graph pool failed");
 	}
 	uintptr_t st = reinterpret_cast<uintptr_t>(stream);
-	uintptr_t p;
-	if (routed == 1) {
-		p = xsegGoMallocInPool(size, device, st, first, second, &err, &oom);
-	} else {
-		p = xseg_fq_malloc(size, device, st, &err, &oom);
-	}
+	uintptr_t p = routed == 1 ? xsegGoMallocInPool(size, device, st, first, second, &err, &oom)
+	                          : xseg_fq_malloc(size, device, st, &err, &oom);
 	if (p != 0 || size == 0) {
 		return reinterpret_cast<void*>(p);
 	}
