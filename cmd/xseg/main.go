@@ -4,7 +4,7 @@
 //	xseg info [--json] [--backend auto|host|cuda]
 //	xseg replay [--backend auto|host|cuda] [--allocator auto|expandable|fallback]
 //	            [--capacity SIZE] [--conf XSEG_CONF] [--json] [--plot FILE.png]
-//	            [--perturb N [--seed S] [--jitter F]] TRACE...
+//	            [--perturb N [--seed S] [--jitter F] [--write-variants DIR]] TRACE...
 //	xseg --version
 //
 // Sizes are read by package bytesize: 24GiB, 512MiB or plain bytes.

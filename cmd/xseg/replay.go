@@ -30,6 +30,9 @@ type replayFlags struct {
 	perturb   int
 	seed      uint64
 	jitter    float64
+	// writeVariants: with --perturb, the directory each variant is
+	// written into as a trace.
+	writeVariants string
 }
 
 func newReplayCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -60,7 +63,9 @@ A variant's ratio is over its own peak of live bytes, the first block
 included. The table then shows each trace's ratio and the best, median and
 worst ratio of its variants with the worst one's seed; --json adds the
 field "variants", one result (with its "seed") per variant. A policy whose
-ratio holds only for the exact trace shows there.`,
+ratio holds only for the exact trace shows there. --write-variants DIR also
+writes each variant into DIR as NAME.seed<S>.trace.gz (never over an
+existing file), for another allocator to replay the same variant.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, paths []string) error {
 			if err := checkPerturbFlags(cmd, f); err != nil {
@@ -82,11 +87,13 @@ ratio holds only for the exact trace shows there.`,
 	fl.IntVar(&f.perturb, "perturb", 0, "also replay `N` perturbed variants of each trace and report their worst ratio")
 	fl.Uint64Var(&f.seed, "seed", 1, "with --perturb, the seed `S` of the first variant; the others follow it")
 	fl.Float64Var(&f.jitter, "jitter", trace.DefaultJitter, "with --perturb, the largest fraction `F` by which a size is raised")
+	fl.StringVar(&f.writeVariants, "write-variants", "", "with --perturb, also write each variant into `DIR` as NAME.seed<S>.trace.gz (an existing file is not replaced)")
 	return cmd
 }
 
 // checkPerturbFlags rejects a negative --perturb, a --jitter outside [0,
-// 1], and --seed or --jitter without --perturb (they would do nothing).
+// 1], a --write-variants that is not a directory, and --seed, --jitter or
+// --write-variants without --perturb (they would do nothing).
 func checkPerturbFlags(cmd *cobra.Command, f *replayFlags) error {
 	if f.perturb < 0 {
 		return fmt.Errorf("--perturb %d: want a number of variants, 0 or more", f.perturb)
@@ -94,8 +101,15 @@ func checkPerturbFlags(cmd *cobra.Command, f *replayFlags) error {
 	if err := f.perturbation(0).Validate(); err != nil {
 		return fmt.Errorf("--jitter %v: %w", f.jitter, err)
 	}
+	if f.writeVariants != "" {
+		if st, err := os.Stat(f.writeVariants); err != nil {
+			return fmt.Errorf("--write-variants: %w", err)
+		} else if !st.IsDir() {
+			return fmt.Errorf("--write-variants %s: not a directory", f.writeVariants)
+		}
+	}
 	if f.perturb == 0 {
-		for _, name := range []string{"seed", "jitter"} {
+		for _, name := range []string{"seed", "jitter", "write-variants"} {
 			if cmd.Flags().Changed(name) {
 				return fmt.Errorf("--%s applies to the variants of --perturb N, and --perturb is 0", name)
 			}

@@ -286,6 +286,7 @@ func TestReplayPerturbTable(t *testing.T) {
 
 func TestReplayPerturbFlags(t *testing.T) {
 	tr := writeTrace(t, "a.trace", synthetic)
+	none := filepath.Join(t.TempDir(), "none")
 	for _, c := range []struct {
 		args []string
 		msg  string
@@ -296,6 +297,9 @@ func TestReplayPerturbFlags(t *testing.T) {
 		{[]string{"--seed", "3"}, "--seed applies to the variants of --perturb N, and --perturb is 0"},
 		{[]string{"--jitter", "0.1"}, "--jitter applies to the variants of --perturb N, and --perturb is 0"},
 		{[]string{"--perturb", "2", "--seed", "-1"}, `--seed -1: strconv.ParseUint: parsing "-1": invalid syntax`},
+		{[]string{"--write-variants", t.TempDir()}, "--write-variants applies to the variants of --perturb N, and --perturb is 0"},
+		{[]string{"--perturb", "1", "--write-variants", tr}, "--write-variants " + tr + ": not a directory"},
+		{[]string{"--perturb", "1", "--write-variants", none}, "--write-variants: stat " + none + ": no such file or directory"},
 	} {
 		_, _, err := run(t, append(append([]string{"replay", "--backend", "host"}, c.args...), tr)...)
 		require.EqualError(t, err, c.msg, "%v", c.args)
@@ -313,4 +317,38 @@ func TestReplayPerturbOutOfMemory(t *testing.T) {
 	var m map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &m))
 	require.Len(t, m["variants"], 1)
+}
+
+// TestReplayWriteVariants: --write-variants writes each variant, which
+// replays alone to the variant's own ratio, and replaces no file.
+func TestReplayWriteVariants(t *testing.T) {
+	tr := writeTrace(t, "a.trace", synthetic)
+	dir := t.TempDir()
+	out, _, err := run(t, "replay", "--backend", "host", "--json", "--perturb", "2", "--seed", "3", "--write-variants", dir, tr)
+	require.NoError(t, err)
+	var rep struct {
+		Variants []struct {
+			Seed     uint64  `json:"seed"`
+			PeakLive uint64  `json:"peak_live"`
+			Ratio    float64 `json:"ratio"`
+		} `json:"variants"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.Len(t, rep.Variants, 2)
+	for _, v := range rep.Variants {
+		f := filepath.Join(dir, fmt.Sprintf("a.seed%d.trace.gz", v.Seed))
+		one, _, err := run(t, "replay", "--backend", "host", "--json", f)
+		require.NoError(t, err)
+		var r struct {
+			Events   int     `json:"events"`
+			PeakLive uint64  `json:"peak_live"`
+			Ratio    float64 `json:"ratio"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(one), &r))
+		require.Equal(t, 10, r.Events, "the first block and the trace's events")
+		require.Equal(t, v.PeakLive, r.PeakLive)
+		require.Equal(t, v.Ratio, r.Ratio)
+	}
+	_, _, err = run(t, "replay", "--backend", "host", "--perturb", "1", "--seed", "3", "--write-variants", dir, tr)
+	require.ErrorIs(t, err, os.ErrExist, "a variant written before is not replaced")
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
 	"text/tabwriter"
 
 	"golang.org/x/term"
@@ -42,6 +44,9 @@ func (r *replayer) variants(t *trace.Trace) ([]trace.VariantResult, error) {
 	for i := range r.flags.perturb {
 		seed := r.flags.seed + uint64(i)
 		v, err := trace.Perturb(t, r.flags.perturbation(seed))
+		if err == nil && r.flags.writeVariants != "" {
+			err = trace.WriteFile(filepath.Join(r.flags.writeVariants, variantFile(t.Name, seed)), v)
+		}
 		if err != nil {
 			return out, errors.Join(append(errs, err)...)
 		}
@@ -53,6 +58,14 @@ func (r *replayer) variants(t *trace.Trace) ([]trace.VariantResult, error) {
 		errs = append(errs, failedAllocs(res))
 	}
 	return out, errors.Join(errs...)
+}
+
+// variantFile is the file name --write-variants gives the variant of
+// seed seed of the trace at path: its base name without ".gz" and
+// ".trace", then ".seed<S>.trace.gz".
+func variantFile(path string, seed uint64) string {
+	name := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(path), ".gz"), ".trace")
+	return fmt.Sprintf("%s.seed%d.trace.gz", name, seed)
 }
 
 // replayOn runs one trace: streams, a fresh allocator, the timed events
