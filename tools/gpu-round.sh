@@ -18,6 +18,12 @@
 #   py       the wheel's pytest, python/gpu/dropin.py, python/gpu/graphs.py
 #   corpus   python/gpu/corpus/run.sh: record the workload corpus with the
 #            package's recorder and replay it under PyTorch's allocators
+#   variants xseg's ratio and PyTorch's on the same perturbed variants:
+#            .gpu/bin/xseg replay --backend cuda --perturb VAR_N (10)
+#            --write-variants writes them, torch_replay.py replays each in a
+#            fresh process for each of VAR_CONFS (expandable), VAR_PAR (4) at
+#            once, and python/gpu/corpus/compare_variants.py sets them side
+#            by side (VAR_TRACES: the traces, default bench/traces/*)
 #   pause    python/gpu/pause_gpt2.py (GPT-2 small paused and resumed:
 #            free memory, tokens, a CUDA graph) and pause_bench.py for MODES
 #            (default xseg; vmm and empty_cache are the baselines: one call
@@ -32,7 +38,7 @@
 # into OUT/PHASE.tgz.
 set -u
 cd "$(dirname "$0")/.."
-phase=${1:?phase: go, replay, train, py, corpus, pause or latency}
+phase=${1:?phase: go, replay, train, py, corpus, variants, pause or latency}
 out=${2:-${OUT:-/tmp/gpu-round}}
 L=/tmp/gpu-round-$phase
 rm -rf "$L"; mkdir -p "$L" "$out"
@@ -102,6 +108,20 @@ py)
 corpus)
   wheel
   BUDGET=${BUDGET:-500} bash python/gpu/corpus/run.sh "$L/corpus"; echo "corpus rc $?"
+  ;;
+variants)
+  V=/tmp/variants; rm -rf "$V"; mkdir -p "$V" "$L/torch"
+  for t in ${VAR_TRACES:-bench/traces/*.trace.gz}; do
+    timeout 240 .gpu/bin/xseg replay --backend cuda --json --perturb "${VAR_N:-10}" --write-variants "$V" "$t" >> "$L/xseg.jsonl" 2>> "$L/xseg.err"
+    echo "xseg $(basename "$t") rc $?"
+  done
+  for c in ${VAR_CONFS:-expandable}; do
+    ls "$V"/*.trace.gz | xargs -P "${VAR_PAR:-4}" -I{} sh -c \
+      'timeout 200 python3 python/gpu/corpus/torch_replay.py --conf '"$c"' --json "$1" > "$2/$(basename "$1" .trace.gz).'"$c"'.json" 2>&1' _ {} "$L/torch"
+    echo "torch $c: $(cat "$L"/torch/*."$c".json | grep -c '^{') of $(ls "$V" | wc -l) variants replayed"
+  done
+  python3 python/gpu/corpus/compare_variants.py "$L/xseg.jsonl" "$L/torch" > "$L/compare.txt"; echo "compare rc $?"
+  grep '^|' "$L/compare.txt"
   ;;
 pause)
   wheel

@@ -402,3 +402,43 @@ def test_torch_replay_on_gpu(tmp_path):
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["peak_live"] == PEAK and r["reserved_source"] == "memory_stats"
     assert r["ratio"] >= 1.0 and r["backend"] == "native"
+
+
+def test_compare_variants(tmp_path, capsys):
+    import compare_variants as cv
+
+    xseg = [
+        json.dumps({"trace": "bench/traces/unet.trace.gz", "ratio": 1.007, "variants": [
+            {"seed": 1, "ratio": 1.02}, {"seed": 2, "ratio": 1.05}, {"seed": 3, "ratio": None}]}),
+        "",
+        json.dumps({"trace": "/x/gen.trace", "ratio": 1.0, "variants": [{"seed": 1, "ratio": 1.01}]}),
+    ]
+    tdir = tmp_path / "torch"
+    tdir.mkdir()
+    (tdir / "a.json").write_text("a warning\n" + json.dumps(
+        {"trace": "/v/unet.seed1.trace.gz", "conf": "expandable", "ratio": 1.03}) + "\n")
+    (tdir / "b.json").write_text(json.dumps(
+        {"trace": "unet.seed2", "conf": "expandable", "ratio": 1.04}) + "\n{broken\n")
+    (tdir / "c.json").write_text(json.dumps(
+        {"trace": "/v/gen.seed1.trace.gz", "conf": "native", "ratio": 1.3}) + "\n")
+    (tdir / "d.json").write_text(json.dumps(
+        {"trace": "/v/gen.trace.gz", "conf": "expandable", "ratio": 1.1}) + "\n")  # not a variant
+    (tdir / "sub").mkdir()
+
+    xs = cv.xseg_ratios(xseg)
+    assert xs == {"unet": {1: 1.02, 2: 1.05}, "gen": {1: 1.01}}
+    ts = cv.torch_ratios(cv.read_torch_dir(str(tdir)))
+    assert ts == {"expandable": {"unet": {1: 1.03, 2: 1.04}}, "native": {"gen": {1: 1.3}}}
+    rows, summary = cv.compare(xs, ts)
+    assert rows[0] == ("gen", 1, 1.01, {"expandable": None, "native": 1.3})
+    by = {s["trace"]: s for s in summary}
+    assert by["unet"]["expandable"] == {"measured": 2, "worst": 1.04, "median": 1.04, "xseg_above": [2]}
+    assert by["unet"]["native"]["measured"] == 0
+    assert by["gen"]["native"]["xseg_above"] == []
+
+    xf = tmp_path / "x.jsonl"
+    xf.write_text("\n".join(xseg) + "\n")
+    assert cv.main([str(xf), str(tdir), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| unet | 2 | 1.0500 | 1.0400, 1.0400 | seed 2 | -, - (0 measured) | none |" in out
+    assert "seed 1: xseg" not in out
