@@ -3,6 +3,7 @@ package trace
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -38,7 +39,36 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		checkTrace(t, v)
+		// What Write writes of the variant reads back as the variant.
+		var buf bytes.Buffer
+		if err := v.Write(&buf); err != nil {
+			t.Fatalf("writing a variant: %v", err)
+		}
+		back, err := Parse("back", &buf)
+		if err != nil {
+			t.Fatalf("reading back a written variant: %v", err)
+		}
+		sameTrace(t, v, back)
 	})
+}
+
+// sameTrace fails unless got has want's ids, streams, peak and events,
+// line numbers aside (got's are its own file's).
+func sameTrace(t *testing.T, want, got *Trace) {
+	t.Helper()
+	if !slices.Equal(want.IDs, got.IDs) || !slices.Equal(want.Streams, got.Streams) || want.Slots != got.Slots ||
+		want.PeakLive != got.PeakLive || want.LiveAtEnd != got.LiveAtEnd || len(want.Events) != len(got.Events) {
+		t.Fatalf("read back: %d ids, streams %v, peak %d, %d live at the end, %d events; want %d, %v, %d, %d, %d",
+			len(got.IDs), got.Streams, got.PeakLive, got.LiveAtEnd, len(got.Events),
+			len(want.IDs), want.Streams, want.PeakLive, want.LiveAtEnd, len(want.Events))
+	}
+	for i, e := range want.Events {
+		g := got.Events[i]
+		g.Line = e.Line
+		if g != e {
+			t.Fatalf("event %d read back as %+v, want %+v", i, got.Events[i], e)
+		}
+	}
 }
 
 // checkTrace checks the invariants of a parsed trace.
