@@ -75,6 +75,14 @@ func New(src Source, constLabels prometheus.Labels) *Collector {
 	counter("syncs_total", "Waits on events or streams.", func(s *spec.Stats) int64 { return s.Syncs })
 	counter("pages_created_total", "Physical pages created with the driver.", func(s *spec.Stats) int64 { return s.PagesCreated })
 	counter("pages_reused_total", "Physical pages taken from the released-page cache.", func(s *spec.Stats) int64 { return s.PagesReused })
+	seconds := func(name, help string, ns func(*spec.Stats) int64) {
+		c.counters = append(c.counters, counterMetric{
+			desc: prometheus.NewDesc("xseg_"+name, help, nil, constLabels),
+			get:  func(s *spec.Stats) float64 { return float64(ns(s)) / 1e9 },
+		})
+	}
+	seconds("sync_seconds_total", "Time spent in the waits syncs_total counts.", func(s *spec.Stats) int64 { return s.SyncNanos })
+	seconds("page_seconds_total", "Time spent making pages usable and giving them back.", func(s *spec.Stats) int64 { return s.PageNanos })
 	return c
 }
 

@@ -30,6 +30,7 @@ func sample() *fixed {
 	st.Allocations.Add(spec.Large, 3)
 	st.Allocations.Add(spec.Large, -1)
 	st.NumAllocRetries, st.NumOOMs, st.Maps, st.Unmaps = 2, 1, 21, 10
+	st.SyncNanos, st.PageNanos = 1_500_000_000, 250_000
 	f := fixed(st)
 	return &f
 }
@@ -63,12 +64,18 @@ xseg_ooms_total{device="0"} 1
 # HELP xseg_maps_total Physical pages mapped.
 # TYPE xseg_maps_total counter
 xseg_maps_total{device="0"} 21
+# HELP xseg_sync_seconds_total Time spent in the waits syncs_total counts.
+# TYPE xseg_sync_seconds_total counter
+xseg_sync_seconds_total{device="0"} 1.5
+# HELP xseg_page_seconds_total Time spent making pages usable and giving them back.
+# TYPE xseg_page_seconds_total counter
+xseg_page_seconds_total{device="0"} 0.00025
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
 		"xseg_reserved_bytes", "xseg_reserved_bytes_peak", "xseg_allocations_total", "xseg_allocations",
-		"xseg_alloc_retries_total", "xseg_ooms_total", "xseg_maps_total"))
-	// 7 pool metrics x 5 series, 9 counters of which one has 2 series.
-	require.Equal(t, 7*5+8+2, testutil.CollectAndCount(c))
+		"xseg_alloc_retries_total", "xseg_ooms_total", "xseg_maps_total", "xseg_sync_seconds_total", "xseg_page_seconds_total"))
+	// 7 pool metrics x 5 series, 11 counters of which one has 2 series.
+	require.Equal(t, 7*5+10+2, testutil.CollectAndCount(c))
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	require.Empty(t, problems, "names follow the Prometheus conventions")

@@ -22,6 +22,8 @@
 //	xseg_set_access_calls_total       set-access driver calls (one per run of pages)
 //	xseg_syncs_total                  waits on events or streams
 //	xseg_pages_created_total, xseg_pages_reused_total
+//	xseg_sync_seconds_total           time spent in those waits
+//	xseg_page_seconds_total           time spent making pages usable and giving them back
 //
 // The pool label is "small" or "large" on the current values, so that
 // sum() is the allocator's total. The peaks carry pool="all" as well,

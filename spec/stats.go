@@ -123,6 +123,13 @@ type Stats struct {
 	// stream without waiting for the stream, unmapping their old
 	// addresses later (Config.RecyclePages).
 	PagesRetired int64 `json:"num_pages_retired"`
+	// SyncNanos is the time the allocator spent in the waits Syncs counts,
+	// in nanoseconds; PageNanos the time in its page work: making pages
+	// usable (taking or creating physical pages, mapping them, granting
+	// access) and giving them back (unmapping, retiring, releasing). Both
+	// are wall time on the calling thread, which they held up.
+	SyncNanos int64 `json:"sync_ns"`
+	PageNanos int64 `json:"page_ns"`
 	// MemoryLimit is the cap on ReservedBytes (SetMemoryLimit,
 	// SetMemoryFraction), 0 when there is none: a setting, not a count.
 	MemoryLimit uint64 `json:"memory_limit_bytes"`
@@ -130,7 +137,7 @@ type Stats struct {
 
 // ResetAccumulated zeroes what only grows, as PyTorch's
 // reset_accumulated_memory_stats: every counter's Allocated and Freed
-// totals, the retry and OOM counts and the counts of driver work. Current
+// totals, the retry and OOM counts and the counts and times of driver work. Current
 // and peak values stay.
 func (s *Stats) ResetAccumulated() {
 	for _, p := range []*PoolStat{&s.AllocatedBytes, &s.ReservedBytes, &s.ActiveBytes, &s.RequestedBytes, &s.Allocations, &s.ActiveBlocks, &s.Segments} {
@@ -142,6 +149,7 @@ func (s *Stats) ResetAccumulated() {
 	}
 	s.NumAllocRetries, s.NumOOMs = 0, 0
 	s.Maps, s.Unmaps, s.SetAccessCalls, s.Syncs, s.PagesCreated, s.PagesReused, s.PagesRetired = 0, 0, 0, 0, 0, 0, 0
+	s.SyncNanos, s.PageNanos = 0, 0
 }
 
 // ResetPeaks makes every peak the current value.

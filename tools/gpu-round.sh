@@ -97,7 +97,11 @@ for line in sys.stdin:
     print(name, "first step %.0f ms" % (8 * 1024 / r["tokens_per_s"][0] * 1e3),
           "median tokens/s %.0f" % r["median_tokens_per_s"], "peak reserved", r["peak_reserved"],
           "maps", r.get("num_maps"), "created", r.get("num_pages_created"), "set_access", r.get("num_set_access_calls"),
-          "syncs", r.get("num_syncs"), "unmaps", r.get("num_unmaps"), "retired", r.get("num_pages_retired"))'
+          "syncs", r.get("num_syncs"), "unmaps", r.get("num_unmaps"), "retired", r.get("num_pages_retired"))
+    for i, s in enumerate(r.get("first_steps") or [], 1):
+        print("  %s step %d: %.0f ms step, page work %.1f ms, waits %.1f ms, created %d, maps %d, syncs %d" % (
+            name, i, 8 * 1024 / r["tokens_per_s"][i - 1] * 1e3, s["page_ns"], s["sync_ns"],
+            s["num_pages_created"], s["num_maps"], s["num_syncs"]))'
   ;;
 py)
   wheel

@@ -74,8 +74,7 @@ func (h *Heap) heldNothingLocked() bool {
 // mapped, and the segment stays until it is empty and given back.
 func (h *Heap) closeSegmentLocked(seg *Seg) error {
 	var errs []error
-	h.mu.stats.Syncs++
-	if err := h.syncStreamLocked(seg.Stream); err != nil {
+	if err := h.waitTimedLocked(func() error { return h.syncStreamLocked(seg.Stream) }); err != nil {
 		errs = append(errs, fmt.Errorf("synchronizing stream %#x: %w", uintptr(seg.Stream), err))
 	}
 	h.freeAllLocked(seg)

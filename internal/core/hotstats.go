@@ -1,6 +1,9 @@
 package core
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // The five statistics every Alloc and Free moves (allocated, requested and
 // active bytes, allocations, active blocks) live in blockStats rather than
@@ -218,4 +221,29 @@ func (h *Heap) statsLocked() Stats {
 	st := h.mu.stats
 	h.mu.bstats.fold(&st)
 	return st
+}
+
+// waitTimedLocked runs wait, a wait on the device, a stream or an event,
+// and counts it: Stats.Syncs, and the time it took in Stats.SyncNanos.
+func (h *Heap) waitTimedLocked(wait func() error) error {
+	t0 := time.Now()
+	err := wait()
+	h.mu.stats.Syncs++
+	h.mu.stats.SyncNanos += int64(time.Since(t0))
+	return err
+}
+
+// pageTimeLocked adds the time since t0, spent in the Backing's page
+// work, to Stats.PageNanos.
+func (h *Heap) pageTimeLocked(t0 time.Time) {
+	h.mu.stats.PageNanos += int64(time.Since(t0))
+}
+
+// pageWorkLocked runs f, page work of the Backing, and adds the time it
+// took to Stats.PageNanos.
+func (h *Heap) pageWorkLocked(f func() error) error {
+	t0 := time.Now()
+	err := f()
+	h.pageTimeLocked(t0)
+	return err
 }

@@ -171,8 +171,11 @@ func (h *Heap) oomLocked(s vmm.Stream, req uint64, retries int, final bool, caus
 	}
 	h.mu.stats.NumOOMs++
 	// A failed grow leaves the pages it made in the cache: give them back.
-	if err := h.back.ReleaseCache(&h.mu.stats); err != nil {
-		h.log.Warn("xseg: releasing cached pages after an OOM", "err", err)
+	t0 := time.Now()
+	rerr := h.back.ReleaseCache(&h.mu.stats)
+	h.pageTimeLocked(t0)
+	if rerr != nil {
+		h.log.Warn("xseg: releasing cached pages after an OOM", "err", rerr)
 	}
 	h.syncReservedLocked()
 	free, total, merr := h.drv.MemInfo(h.dev)

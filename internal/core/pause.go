@@ -129,8 +129,7 @@ func (h *Heap) pauseLocked(pp *privatePool, backup bool, pr Pauser) error {
 	}
 	runs := poolRuns(pp)
 	if len(runs) > 0 {
-		h.mu.stats.Syncs++
-		if err := h.drv.DeviceSynchronize(h.dev); err != nil {
+		if err := h.waitTimedLocked(func() error { return h.drv.DeviceSynchronize(h.dev) }); err != nil {
 			return fmt.Errorf("waiting for the device: %w", err)
 		}
 	}
@@ -141,7 +140,7 @@ func (h *Heap) pauseLocked(pp *privatePool, backup bool, pr Pauser) error {
 			return err
 		}
 	}
-	err := pr.PauseRuns(runs, &h.mu.stats)
+	err := h.pageWorkLocked(func() error { return pr.PauseRuns(runs, &h.mu.stats) })
 	ps.bytes = h.markPausedLocked(pp, runs, true)
 	pp.tag.pause = ps
 	pp.tag.pauses++
@@ -215,7 +214,7 @@ func (h *Heap) resumeLocked(pp *privatePool, pr Pauser) error {
 		return err
 	}
 	if err := h.restoreLocked(pp); err != nil {
-		err = errors.Join(err, pr.PauseRuns(runs, &h.mu.stats), h.releaseCacheLocked())
+		err = errors.Join(err, h.pageWorkLocked(func() error { return pr.PauseRuns(runs, &h.mu.stats) }), h.releaseCacheLocked())
 		return err
 	}
 	h.markPausedLocked(pp, runs, false)
@@ -269,13 +268,13 @@ func (h *Heap) mapRunsLocked(pr Pauser, runs []Run) error {
 	if err := h.limitLocked(size - min(size, cached)); err != nil {
 		return fmt.Errorf("mapping %d bytes: %w", size, err)
 	}
-	err := pr.ResumeRuns(runs, &h.mu.stats)
+	err := h.pageWorkLocked(func() error { return pr.ResumeRuns(runs, &h.mu.stats) })
 	if retryable(err) {
 		h.mu.stats.NumAllocRetries++
 		if rerr := h.releaseAllLocked(); rerr != nil {
 			h.log.Warn("xseg: emptying the cache to resume a tag", "err", rerr)
 		}
-		err = pr.ResumeRuns(runs, &h.mu.stats)
+		err = h.pageWorkLocked(func() error { return pr.ResumeRuns(runs, &h.mu.stats) })
 	}
 	if err != nil {
 		// The pages a failed run took went to the cache: they were made

@@ -206,8 +206,7 @@ func (h *Heap) givePoolBackLocked(pp *privatePool) error {
 	inPool := func(b *block) bool { return b.seg.st.key.private == pp.id }
 	pending := slices.ContainsFunc(h.mu.pending, func(p pendingEvent) bool { return inPool(p.b) })
 	if poolMapped(pp) > 0 && (pending || hasFreePage(pp)) {
-		h.mu.stats.Syncs++
-		if err := h.drv.DeviceSynchronize(h.dev); err != nil {
+		if err := h.waitTimedLocked(func() error { return h.drv.DeviceSynchronize(h.dev) }); err != nil {
 			return fmt.Errorf("giving back pool %v: waiting for the device: %w", pp.id, err)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
@@ -85,7 +86,10 @@ func (h *Heap) releaseStateLocked(st *state, synced bool) error {
 // releaseCacheLocked releases the Backing's cached pages.
 func (h *Heap) releaseCacheLocked() error {
 	defer h.syncReservedLocked()
-	if err := h.back.ReleaseCache(&h.mu.stats); err != nil {
+	t0 := time.Now()
+	err := h.back.ReleaseCache(&h.mu.stats)
+	h.pageTimeLocked(t0)
+	if err != nil {
 		return fmt.Errorf("releasing cached pages: %w", err)
 	}
 	return nil
@@ -208,8 +212,7 @@ func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, keep keepOut, synced, ex
 // waitStreamLocked waits for the work queued on seg's stream before its
 // free pages are unmapped.
 func (h *Heap) waitStreamLocked(seg *Seg) error {
-	h.mu.stats.Syncs++
-	if err := h.syncStreamLocked(seg.Stream); err != nil {
+	if err := h.waitTimedLocked(func() error { return h.syncStreamLocked(seg.Stream) }); err != nil {
 		return fmt.Errorf("synchronizing stream %#x before unmapping: %w", uintptr(seg.Stream), err)
 	}
 	h.streamIdleLocked(seg.Stream)
@@ -388,6 +391,7 @@ func (h *Heap) unmapSpanLocked(b *block, lo, hi vmm.DevicePtr, retire bool) (uin
 	seg.st.removeFree(b)
 	var n uint64
 	var err error
+	t0 := time.Now()
 	if retire {
 		n, err = h.retirer.RetirePages(seg, lo, uint64(hi-lo), &h.mu.stats)
 		if n > 0 {
@@ -396,6 +400,7 @@ func (h *Heap) unmapSpanLocked(b *block, lo, hi vmm.DevicePtr, retire bool) (uin
 	} else {
 		n, err = h.back.Unmap(seg, lo, uint64(hi-lo), &h.mu.stats)
 	}
+	h.pageTimeLocked(t0)
 	next := b.next
 	if n == 0 {
 		seg.st.insertFree(b)

@@ -91,8 +91,7 @@ func (h *Heap) unparkLocked(mark int) {
 // before the block was freed), so the cost of the wider wait does not matter;
 // failing instead would make the block, or the cache, unfreeable forever.
 func (h *Heap) streamGoneLocked() error {
-	h.mu.stats.Syncs++
-	if err := h.drv.DeviceSynchronize(h.dev); err != nil {
+	if err := h.waitTimedLocked(func() error { return h.drv.DeviceSynchronize(h.dev) }); err != nil {
 		return fmt.Errorf("waiting for the device after a stream was destroyed: %w", err)
 	}
 	return nil
@@ -198,8 +197,7 @@ func (h *Heap) waitPendingLocked(match func(*block) bool) error {
 			keep = append(keep, p)
 			continue
 		}
-		h.mu.stats.Syncs++
-		if err := h.drv.EventSynchronize(p.ev); err != nil {
+		if err := h.waitTimedLocked(func() error { return h.drv.EventSynchronize(p.ev) }); err != nil {
 			errs = append(errs, fmt.Errorf("waiting for an event of freed block %v: %w", p.b.ptr, err))
 			keep = append(keep, p)
 			continue

@@ -6,7 +6,9 @@ its own process:
 
 Prints each step's loss and tokens/s, then one line "RESULT {json}" with the
 losses, tokens/s, their median over steps 3..N and the peak reserved bytes
-(xseg's from its own stats). compare_gpt2.py runs all three modes."""
+(xseg's from its own stats); under xseg also "first_steps": for each of the
+first 4 steps, the ms the allocator spent in page work and in waits, and
+the pages it created, mapped and its waits. compare_gpt2.py runs all three modes."""
 import argparse
 import json
 import os
@@ -39,6 +41,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 gen = torch.Generator().manual_seed(1234)
 batch, seq = 8, 1024
 losses, rates = [], []
+per_step, last = [], {}  # xseg: the allocator's work in each of the first steps
 for step in range(1, args.steps + 1):
     x = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).cuda()
     torch.cuda.synchronize()
@@ -51,6 +54,13 @@ for step in range(1, args.steps + 1):
     dt = time.perf_counter() - t0
     losses.append(loss.item())
     rates.append(batch * seq / dt)
+    if args.mode == "xseg" and step <= 4:
+        # The allocator's own work in each of the first steps, outside the
+        # timed region: its page work and waits, in ms, and their counts.
+        st = xseg_torch.stats()
+        now = {k: st.get(k, 0) for k in ("page_ns", "sync_ns", "num_pages_created", "num_maps", "num_syncs")}
+        per_step.append({k: (now[k] - last.get(k, 0)) / (1e6 if k.endswith("_ns") else 1) for k in now})
+        last = now
     print(f"[{args.mode}] step {step:2d} loss {losses[-1]:.6f} tokens/s {rates[-1]:.0f}", flush=True)
     del x, loss
 
@@ -58,7 +68,9 @@ if args.mode == "xseg":
     st = xseg_torch.stats()
     peak_reserved, peak_allocated = st["reserved_bytes.all.peak"], st["allocated_bytes.all.peak"]
     extra = {k: st.get(k) for k in ("num_alloc_retries", "num_ooms", "num_maps", "num_unmaps",
-                                "num_set_access_calls", "num_pages_created", "num_pages_reused", "num_pages_retired", "num_syncs")}
+                                "num_set_access_calls", "num_pages_created", "num_pages_reused", "num_pages_retired", "num_syncs",
+                                "page_ns", "sync_ns")}
+    extra["first_steps"] = per_step
 else:
     peak_reserved, peak_allocated = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
     st = torch.cuda.memory_stats()
