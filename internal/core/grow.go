@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
@@ -97,10 +96,7 @@ func (h *Heap) growLocked(st *state, rs uint64) (*block, error) {
 	}
 	b, err := h.mapIntoLocked(hole, rs)
 	if h.holder != nil {
-		t0 := time.Now()
-		serr := h.holder.SettlePages(&h.mu.stats)
-		h.pageTimeLocked(t0)
-		if serr != nil {
+		if serr := h.pageWorkLocked(func() error { return h.holder.SettlePages(&h.mu.stats) }); serr != nil {
 			h.log.Warn("xseg: releasing recycled pages the growth did not use", "err", serr)
 		}
 		h.syncReservedLocked()
@@ -271,10 +267,7 @@ func (h *Heap) mapIntoLocked(hole *block, rs uint64) (*block, error) {
 	if err := h.settleRetiredLocked(seg, hole.ptr, hole.ptr.Add(size), settleWait); err != nil {
 		return nil, fmt.Errorf("mapping %d bytes at %v: %w", size, hole.ptr, err)
 	}
-	t0 := time.Now()
-	err := h.back.Map(seg, hole.ptr, size, whole, &h.mu.stats)
-	h.pageTimeLocked(t0)
-	if err != nil {
+	if err := h.pageWorkLocked(func() error { return h.back.Map(seg, hole.ptr, size, whole, &h.mu.stats) }); err != nil {
 		h.syncReservedLocked() // the pages it took went back to the cache
 		return nil, fmt.Errorf("mapping %d bytes at %v: %w", size, hole.ptr, err)
 	}

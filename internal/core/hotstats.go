@@ -233,17 +233,12 @@ func (h *Heap) waitTimedLocked(wait func() error) error {
 	return err
 }
 
-// pageTimeLocked adds the time since t0, spent in the Backing's page
-// work, to Stats.PageNanos.
-func (h *Heap) pageTimeLocked(t0 time.Time) {
-	h.mu.stats.PageNanos += int64(time.Since(t0))
-}
-
-// pageWorkLocked runs f, page work of the Backing, and adds the time it
-// took to Stats.PageNanos.
+// pageWorkLocked runs f, page work of the Backing (mapping, unmapping,
+// retiring or releasing pages), and adds the time it took to
+// Stats.PageNanos.
 func (h *Heap) pageWorkLocked(f func() error) error {
 	t0 := time.Now()
 	err := f()
-	h.pageTimeLocked(t0)
+	h.mu.stats.PageNanos += int64(time.Since(t0))
 	return err
 }

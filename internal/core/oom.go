@@ -171,13 +171,9 @@ func (h *Heap) oomLocked(s vmm.Stream, req uint64, retries int, final bool, caus
 	}
 	h.mu.stats.NumOOMs++
 	// A failed grow leaves the pages it made in the cache: give them back.
-	t0 := time.Now()
-	rerr := h.back.ReleaseCache(&h.mu.stats)
-	h.pageTimeLocked(t0)
-	if rerr != nil {
-		h.log.Warn("xseg: releasing cached pages after an OOM", "err", rerr)
+	if err := h.releaseCacheLocked(); err != nil {
+		h.log.Warn("xseg: after an OOM", "err", err)
 	}
-	h.syncReservedLocked()
 	free, total, merr := h.drv.MemInfo(h.dev)
 	dev := fmt.Sprintf("%d bytes free of %d on device %d", free, total, h.dev)
 	if merr != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"time"
 
 	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
@@ -86,10 +85,7 @@ func (h *Heap) releaseStateLocked(st *state, synced bool) error {
 // releaseCacheLocked releases the Backing's cached pages.
 func (h *Heap) releaseCacheLocked() error {
 	defer h.syncReservedLocked()
-	t0 := time.Now()
-	err := h.back.ReleaseCache(&h.mu.stats)
-	h.pageTimeLocked(t0)
-	if err != nil {
+	if err := h.pageWorkLocked(func() error { return h.back.ReleaseCache(&h.mu.stats) }); err != nil {
 		return fmt.Errorf("releasing cached pages: %w", err)
 	}
 	return nil
@@ -390,17 +386,17 @@ func (h *Heap) unmapSpanLocked(b *block, lo, hi vmm.DevicePtr, retire bool) (uin
 	seg := b.seg
 	seg.st.removeFree(b)
 	var n uint64
-	var err error
-	t0 := time.Now()
-	if retire {
-		n, err = h.retirer.RetirePages(seg, lo, uint64(hi-lo), &h.mu.stats)
-		if n > 0 {
-			h.noteRetiredLocked(seg, lo, lo.Add(n), b.freed)
+	err := h.pageWorkLocked(func() (err error) {
+		if retire {
+			n, err = h.retirer.RetirePages(seg, lo, uint64(hi-lo), &h.mu.stats)
+		} else {
+			n, err = h.back.Unmap(seg, lo, uint64(hi-lo), &h.mu.stats)
 		}
-	} else {
-		n, err = h.back.Unmap(seg, lo, uint64(hi-lo), &h.mu.stats)
+		return err
+	})
+	if retire && n > 0 {
+		h.noteRetiredLocked(seg, lo, lo.Add(n), b.freed)
 	}
-	h.pageTimeLocked(t0)
 	next := b.next
 	if n == 0 {
 		seg.st.insertFree(b)

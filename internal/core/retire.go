@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/xseg-dev/xseg/vmm"
 )
@@ -111,9 +110,11 @@ func (h *Heap) settleRetiredLocked(seg *Seg, lo, hi vmm.DevicePtr, mode settleMo
 				continue
 			}
 		}
-		t0 := time.Now()
-		n, err := h.retirer.UnmapRetired(seg, r.lo, uint64(r.hi-r.lo), &h.mu.stats)
-		h.pageTimeLocked(t0)
+		var n uint64
+		err := h.pageWorkLocked(func() (err error) {
+			n, err = h.retirer.UnmapRetired(seg, r.lo, uint64(r.hi-r.lo), &h.mu.stats)
+			return err
+		})
 		unmapped = unmapped || n > 0
 		if err != nil {
 			errs = append(errs, fmt.Errorf("unmapping retired pages at %v+%d: %w", r.lo, r.hi-r.lo, err))
