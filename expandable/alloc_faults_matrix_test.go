@@ -181,6 +181,23 @@ func TestFaultMatrix(t *testing.T) {
 			func(a *Allocator) error { _, err := a.Alloc(60*mib, 0); return err },
 			func(a *Allocator) error { return allocFree(a, 60*mib) }),
 		recycleAcrossStreams(recycle),
+		// Config.SizeClasses: a growth of the [4, 8) pages class takes
+		// the free pages of the [16, 32) class (retired on the same
+		// stream; each map, access grant and retired unmap fails in
+		// turn); the class's range is reserved on first use.
+		allocScenario("size-classes-recycle", classesConfig(), freeFirstOf(&held, 40*mib, 2*mib),
+			func(a *Allocator) error { _, err := alloc(a, 8*mib, 8*mib); return err },
+			func(a *Allocator) error { return allocFree(a, 12*mib) }),
+		allocScenario("size-classes-empty-cache", classesConfig(),
+			func(a *Allocator) error {
+				var err error
+				if held, err = alloc(a, 40*mib, 1*mib, 8*mib, 3*mib); err != nil {
+					return err
+				}
+				return errors.Join(a.Free(held[0]), a.Free(held[2]))
+			},
+			func(a *Allocator) error { return a.EmptyCache() },
+			func(a *Allocator) error { return allocFree(a, 40*mib) }),
 		allocScenario("empty-cache", matrixConfig(),
 			func(a *Allocator) error {
 				var err error

@@ -66,6 +66,16 @@ type Config struct {
 	// free memory is scattered across a range. The expandable allocator
 	// only.
 	RecyclePages bool
+	// SizeClasses: each (stream, pool) of the shared pools is split into
+	// ranges by size class, one range for requests under a page and one
+	// for each power of two of whole pages ([1, 2) pages, [2, 4), ...):
+	// blocks of very different sizes never share a page, so a long-lived
+	// block is not left alone between the holes of freed temporaries of
+	// another size. Whole free pages move between the classes' ranges
+	// as they do between ranges under RecyclePages, which it needs. It
+	// costs more maps and unmaps (bench/RESULTS.md round 29). The
+	// expandable allocator only.
+	SizeClasses bool
 	// ChunkBytes: a growth of the expandable allocator at the end of its
 	// range backs the pages that lie wholly inside the block it grows for
 	// with physical allocations ("chunks") of up to this many bytes, a
@@ -150,7 +160,7 @@ func ClassicConfig() Config {
 // classic sets the page policy's fields to ClassicConfig's.
 func (c *Config) classic() {
 	c.SmallPageSize, c.LargePageSize, c.SmallLimit = 2*MiB, 20*MiB, 1*MiB
-	c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes = false, 0, 0
+	c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes, c.SizeClasses = false, 0, 0, false
 }
 
 // Validate checks the values that do not depend on the device.
@@ -166,6 +176,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: small_limit_kb (%d bytes) must be at most the small page size %d", c.SmallLimit, c.SmallPageSize)
 	case c.ChunkBytes > TiB:
 		return fmt.Errorf("config: chunk_mb: a chunk of %d bytes is larger than 1 TiB (1048576 MiB): %w", c.ChunkBytes, vmm.ErrInvalid)
+	case c.SizeClasses && !c.RecyclePages:
+		return fmt.Errorf("config: size_classes needs recycle_pages (free pages must move between the classes' ranges): %w", vmm.ErrInvalid)
 	case c.ChunkMinBytes > TiB:
 		return fmt.Errorf("config: chunk_min_mb: %d bytes is more than 1 TiB (1048576 MiB): %w", c.ChunkMinBytes, vmm.ErrInvalid)
 	case c.OOMMaxRetries < 0 || c.OOMMaxRetries > MaxOOMRetries:
@@ -190,6 +202,7 @@ func (c Config) Validate() error {
 //	oom_verbose, shareable         OOMVerbose, Shareable (true/false/1/0)
 //	whole_pages                    WholePages (true/false/1/0)
 //	recycle_pages                  RecyclePages (true/false/1/0)
+//	size_classes                   SizeClasses (true/false/1/0)
 //	chunk_mb                       ChunkBytes (MiB, 0 = off)
 //	chunk_min_mb                   ChunkMinBytes (MiB)
 //	policy                         "classic": the page policy of
@@ -212,6 +225,7 @@ var configKeys = map[string]func(c *Config, v string) error{
 	"shareable":            boolean(func(c *Config) *bool { return &c.Shareable }),
 	"whole_pages":          boolean(func(c *Config) *bool { return &c.WholePages }),
 	"recycle_pages":        boolean(func(c *Config) *bool { return &c.RecyclePages }),
+	"size_classes":         boolean(func(c *Config) *bool { return &c.SizeClasses }),
 	"chunk_mb":             mib(func(c *Config) *uint64 { return &c.ChunkBytes }, MiB),
 	"chunk_min_mb":         mib(func(c *Config) *uint64 { return &c.ChunkMinBytes }, MiB),
 	"policy":               setPolicy,
@@ -227,7 +241,7 @@ func setPolicy(c *Config, v string) error {
 	case "default":
 		d := DefaultConfig()
 		c.SmallPageSize, c.LargePageSize, c.SmallLimit = d.SmallPageSize, d.LargePageSize, d.SmallLimit
-		c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes = d.RecyclePages, d.ChunkBytes, d.ChunkMinBytes
+		c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes, c.SizeClasses = d.RecyclePages, d.ChunkBytes, d.ChunkMinBytes, d.SizeClasses
 	default:
 		return fmt.Errorf("not a policy (classic or default): %s", quote(v))
 	}

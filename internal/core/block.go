@@ -68,6 +68,9 @@ type stateKey struct {
 	stream  vmm.Stream
 	pool    Pool
 	private PoolID
+	// class is the size class of the range under Config.SizeClasses
+	// (Heap.classOf), 0 otherwise and in private pools.
+	class uint8
 }
 
 // state holds the segments and free blocks of one (stream, pool).

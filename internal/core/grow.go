@@ -179,9 +179,14 @@ func (h *Heap) usableCachedLocked(p Pool) uint64 {
 // which unmapFreeLocked waits for.
 func (h *Heap) donorsLocked(seg *Seg) []*state {
 	donors := []*state{seg.st}
-	for _, p := range h.donors[seg.Pool] {
-		if st := h.mu.states[stateKey{stream: seg.Stream, pool: p}]; st != nil {
-			donors = append(donors, st)
+	// Config.SizeClasses: the pool's other classes come first, then
+	// the donor pools' (each pool has class 0 only without it).
+	for _, p := range append([]Pool{seg.Pool}, h.donors[seg.Pool]...) {
+		for c := range h.numClassesOf(p) {
+			k := stateKey{stream: seg.Stream, pool: p, class: c}
+			if st := h.mu.states[k]; st != nil && st != seg.st {
+				donors = append(donors, st)
+			}
 		}
 	}
 	if h.holder == nil {
@@ -194,7 +199,7 @@ func (h *Heap) donorsLocked(seg *Seg) []*state {
 		}
 	}
 	slices.SortFunc(donors[mine:], func(a, b *state) int {
-		return cmp.Or(cmp.Compare(a.key.stream, b.key.stream), cmp.Compare(b.key.pool, a.key.pool))
+		return cmp.Or(cmp.Compare(a.key.stream, b.key.stream), cmp.Compare(b.key.pool, a.key.pool), cmp.Compare(a.key.class, b.key.class))
 	})
 	return donors
 }
@@ -384,7 +389,7 @@ const minReservation = 1 << 30
 // Reserving the whole device for every stream ran out of address space
 // (128 TiB on x86-64) near a thousand streams, with memory to spare.
 func (h *Heap) reservationLocked(st *state, rs uint64) uint64 {
-	if st == h.mu.def[st.key.pool] {
+	if st.key.stream == 0 && st.key.private.IsZero() {
 		return max(h.limit, rs)
 	}
 	want := uint64(minReservation)

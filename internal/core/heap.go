@@ -3,6 +3,7 @@ package core
 import (
 	"fmt"
 	"log/slog"
+	"math/bits"
 
 	"github.com/google/btree"
 
@@ -29,6 +30,11 @@ type Heap struct {
 	// release is the Backing's ReleasePolicy (the zero value if it has
 	// none).
 	release ReleasePolicy
+	// classShift and classDiv turn a request into its size class under
+	// Config.SizeClasses (classOf): the log2 of the pool's page size when
+	// it is a power of two, else the page size; both 0 without it.
+	classShift [NumPools]uint8
+	classDiv   [NumPools]uint64
 	// classes are cfg's shared pools (Config.PoolClasses), kept for the
 	// allocation path.
 	classes [NumPools]spec.PoolClass
@@ -52,7 +58,7 @@ type Heap struct {
 		heapLock
 		closed bool
 		states map[stateKey]*state
-		def    [NumPools]*state // the states of stream 0, by pool
+		def    [NumPools][numClasses]*state // the states of stream 0, by pool and size class
 		blocks map[vmm.DevicePtr]*block
 		// handed caches blocks handed out by a hash of their ptr, so that
 		// Free finds a block without the map (blockLocked).
@@ -137,8 +143,17 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 	h.mu.states = make(map[stateKey]*state)
 	h.mu.blocks = make(map[vmm.DevicePtr]*block)
 	h.mu.nodes = btree.NewFreeListG[*block](1024)
+	if cfg.SizeClasses {
+		for _, p := range spec.Pools() {
+			if ps := h.classes[p].PageSize; ps&(ps-1) == 0 {
+				h.classShift[p] = uint8(bits.TrailingZeros64(ps))
+			} else {
+				h.classDiv[p] = ps
+			}
+		}
+	}
 	for _, p := range spec.Pools() {
-		h.mu.def[p] = h.stateLocked(0, p)
+		h.mu.def[p][0] = h.stateLocked(0, p, 0)
 	}
 	return h, nil
 }
@@ -172,17 +187,49 @@ func (h *Heap) PoolOf(size uint64) Pool {
 	return h.classes[NumPools-1].Pool
 }
 
-func (h *Heap) stateLocked(s vmm.Stream, p Pool) *state {
-	if s == 0 && h.mu.def[p] != nil {
-		return h.mu.def[p]
+func (h *Heap) stateLocked(s vmm.Stream, p Pool, c uint8) *state {
+	if s == 0 && h.mu.def[p][c] != nil {
+		return h.mu.def[p][c]
 	}
-	k := stateKey{stream: s, pool: p}
+	k := stateKey{stream: s, pool: p, class: c}
 	st := h.mu.states[k]
 	if st == nil {
 		st = newState(k, h.mu.nodes)
 		h.mu.states[k] = st
+		if s == 0 {
+			h.mu.def[p][c] = st
+		}
 	}
 	return st
+}
+
+// numClasses bounds the size classes of Config.SizeClasses: class c > 0
+// holds requests of [2^(c-1), 2^c) pages, the last one everything larger.
+const numClasses = 32
+
+// numClassesOf is how many size classes pool p has: numClasses under
+// Config.SizeClasses, else 1.
+func (h *Heap) numClassesOf(p Pool) uint8 {
+	if h.classShift[p] == 0 && h.classDiv[p] == 0 {
+		return 1
+	}
+	return numClasses
+}
+
+// classOf is the size class of a request of rs bytes (rounded) in pool p:
+// 0 for less than a page or without Config.SizeClasses, else 1 plus the
+// log2 of its whole pages, at most numClasses-1.
+func (h *Heap) classOf(rs uint64, p Pool) uint8 {
+	var n uint64
+	switch {
+	case h.classShift[p] != 0:
+		n = rs >> h.classShift[p]
+	case h.classDiv[p] != 0:
+		n = rs / h.classDiv[p]
+	default:
+		return 0
+	}
+	return uint8(min(bits.Len64(n), numClasses-1))
 }
 
 func (h *Heap) newBlock() *block {
@@ -211,11 +258,12 @@ func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 		return 0, errZeroSize()
 	}
 	rs, pool := h.sizeClass(size)
+	c := h.classOf(rs, pool)
 	h.mu.Lock()
 	if h.quietLocked(s) && size <= h.limit && rs >= size {
-		st := h.mu.def[pool]
-		if s != 0 {
-			st = h.stateLocked(s, pool)
+		st := h.mu.def[pool][c]
+		if s != 0 || st == nil {
+			st = h.stateLocked(s, pool, c)
 		}
 		if b := st.popExact(rs); b != nil {
 			b = h.handOutLocked(b, rs, size)
@@ -298,7 +346,7 @@ func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool,
 		h.pollLocked()
 	}
 	if st == nil {
-		st = h.stateLocked(s, pool)
+		st = h.stateLocked(s, pool, h.classOf(rs, pool))
 	}
 	b := st.popExact(rs)
 	if b == nil {
