@@ -72,9 +72,11 @@ type Config struct {
 	// blocks of very different sizes never share a page, so a long-lived
 	// block is not left alone between the holes of freed temporaries of
 	// another size. Whole free pages move between the classes' ranges
-	// as they do between ranges under RecyclePages, which it needs. It
-	// costs more maps and unmaps (bench/RESULTS.md round 29). The
-	// expandable allocator only.
+	// as they do between ranges under RecyclePages, which it needs. That
+	// page traffic is its cost: on an H100, 1.7 to 12 times the default's
+	// replay time per event, and GPT-2 small trained 26 % slower
+	// (bench/RESULTS.md round 29). For memory-bound work whose host time
+	// is not what limits it. The expandable allocator only.
 	SizeClasses bool
 	// ChunkBytes: a growth of the expandable allocator at the end of its
 	// range backs the pages that lie wholly inside the block it grows for
