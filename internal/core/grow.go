@@ -382,7 +382,8 @@ const minReservation = 1 << 30
 // a request of rs bytes. The default stream's shared pools, which hold
 // most memory in most programs, reserve the device's whole memory: one
 // segment that never fills, so blocks never stop at a segment's end (the
-// replays' peaks depend on it). Any other (stream, pool) reserves in
+// replays' peaks depend on it); under Config.SizeClasses each class's
+// range does, address space being cheap beside a split range. Any other (stream, pool) reserves in
 // proportion to need: 8 times the request, at least 1 GiB, and twice its
 // largest segment when it has one, so that a state needs a few segments
 // at most however far it grows; never more than the device's memory.
