@@ -30,11 +30,9 @@ type Heap struct {
 	// release is the Backing's ReleasePolicy (the zero value if it has
 	// none).
 	release ReleasePolicy
-	// classShift and classDiv turn a request into its size class under
-	// Config.SizeClasses (classOf): the log2 of the pool's page size when
-	// it is a power of two, else the page size; both 0 without it.
-	classShift [NumPools]uint8
-	classDiv   [NumPools]uint64
+	// classPage is, by pool, the page size classOf divides a request by
+	// under Config.SizeClasses; 0 without it.
+	classPage [NumPools]uint64
 	// classes are cfg's shared pools (Config.PoolClasses), kept for the
 	// allocation path.
 	classes [NumPools]spec.PoolClass
@@ -145,11 +143,7 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 	h.mu.nodes = btree.NewFreeListG[*block](1024)
 	if cfg.SizeClasses {
 		for _, p := range spec.Pools() {
-			if ps := h.classes[p].PageSize; ps&(ps-1) == 0 {
-				h.classShift[p] = uint8(bits.TrailingZeros64(ps))
-			} else {
-				h.classDiv[p] = ps
-			}
+			h.classPage[p] = h.classes[p].PageSize
 		}
 	}
 	for _, p := range spec.Pools() {
@@ -210,7 +204,7 @@ const numClasses = 32
 // numClassesOf is how many size classes pool p has: numClasses under
 // Config.SizeClasses, else 1.
 func (h *Heap) numClassesOf(p Pool) uint8 {
-	if h.classShift[p] == 0 && h.classDiv[p] == 0 {
+	if h.classPage[p] == 0 {
 		return 1
 	}
 	return numClasses
@@ -220,16 +214,10 @@ func (h *Heap) numClassesOf(p Pool) uint8 {
 // 0 for less than a page or without Config.SizeClasses, else 1 plus the
 // log2 of its whole pages, at most numClasses-1.
 func (h *Heap) classOf(rs uint64, p Pool) uint8 {
-	var n uint64
-	switch {
-	case h.classShift[p] != 0:
-		n = rs >> h.classShift[p]
-	case h.classDiv[p] != 0:
-		n = rs / h.classDiv[p]
-	default:
+	if h.classPage[p] == 0 {
 		return 0
 	}
-	return uint8(min(bits.Len64(n), numClasses-1))
+	return uint8(min(bits.Len64(rs/h.classPage[p]), numClasses-1))
 }
 
 func (h *Heap) newBlock() *block {
