@@ -61,15 +61,32 @@ func (m *model) check(t testing.TB, a *Allocator) {
 var fuzzSizes = []uint64{1, 512, 513, 4096, 1 << 20, 1<<20 + 1, 3 << 20, 21 << 20, 45 << 20}
 
 // drive runs the operations the bytes say on a, checking against the model.
+// An operation is a pair of bytes: the first picks it (mod 10), the second
+// is its argument. 0-3 allocate on a stream (8: in a private pool, 9:
+// AllocAtMost between half the size and the size), 4-5 free, 6 records a
+// use on the other stream, 7 empties the cache. The private pool is
+// retained at the start and released once the blocks are gone.
 func drive(t testing.TB, a *Allocator, streams []vmm.Stream, ops []byte) *model {
 	m := &model{live: map[vmm.DevicePtr]uint64{}}
 	var order []vmm.DevicePtr
+	pool := core.PoolID{First: 7, Second: 7}
+	require.NoError(t, a.RetainPool(pool))
 	for i := 0; i+1 < len(ops); i += 2 {
-		op, arg := ops[i]%8, int(ops[i+1])
+		op, arg := ops[i]%10, int(ops[i+1])
+		size := fuzzSizes[arg%len(fuzzSizes)] + uint64(arg/len(fuzzSizes))*512
+		s := streams[arg%len(streams)]
 		switch {
-		case op < 4:
-			size := fuzzSizes[arg%len(fuzzSizes)] + uint64(arg/len(fuzzSizes))*512
-			p, err := a.Alloc(size, streams[arg%len(streams)])
+		case op < 4 || op >= 8:
+			var p vmm.DevicePtr
+			var err error
+			switch op {
+			case 8:
+				p, err = a.AllocInPool(pool, size, s)
+			case 9:
+				p, size, err = a.AllocAtMost(size, size/2+1, s)
+			default:
+				p, err = a.Alloc(size, s)
+			}
 			if errors.Is(err, vmm.ErrOutOfMemory) {
 				continue
 			}
@@ -97,33 +114,55 @@ func drive(t testing.TB, a *Allocator, streams []vmm.Stream, ops []byte) *model 
 	for _, p := range order {
 		require.NoError(t, a.Free(p))
 	}
+	require.NoError(t, a.ReleasePool(pool))
 	return m
 }
 
+// fuzzPolicies are the configurations FuzzAllocator runs each input
+// under: the classic policy, the default (2 MiB pages recycled on growth,
+// chunks past the chunk mark) and the default with size classes.
+func fuzzPolicies() map[string]Config {
+	classes := DefaultConfig()
+	classes.SizeClasses = true
+	return map[string]Config{"classic": ClassicConfig(), "default": DefaultConfig(), "size_classes": classes}
+}
+
+// FuzzAllocator drives an allocator with the operations the input says,
+// under each of fuzzPolicies, against the model: blocks never overlap,
+// lie inside mapped memory, the statistics add up, and after EmptyCache
+// and Close nothing is left with the driver.
 func FuzzAllocator(f *testing.F) {
 	f.Add([]byte{0, 1, 0, 5, 0, 7, 4, 0, 6, 1, 4, 1, 7, 0})
 	f.Add([]byte{1, 8, 2, 17, 3, 26, 4, 2, 0, 9, 5, 0, 7, 7, 0, 3})
+	f.Add([]byte{0, 8, 1, 62, 2, 71, 3, 8, 4, 1, 0, 7, 5, 0, 1, 6, 4, 0, 2, 80, 6, 2, 5, 1, 7, 0, 3, 35})
+	policies := fuzzPolicies()
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		d, err := hostOpen(200 << 20)
-		require.NoError(t, err)
-		defer d.Close()
-		a, err := New(d, 0, ClassicConfig(), nil)
-		require.NoError(t, err)
-		s, err := d.StreamCreate(0)
-		require.NoError(t, err)
-		drive(t, a, []vmm.Stream{0, s}, ops)
-		require.NoError(t, a.EmptyCache())
-		st := a.Stats()
-		require.Zero(t, st.ReservedBytes.All.Current)
-		require.Zero(t, st.ActiveBytes.All.Current)
-		u := d.Usage()
-		require.Zero(t, u.Mappings, "%v", u)
-		require.Zero(t, u.Handles, "%v", u)
-		require.Zero(t, u.Ranges, "%v", u)
-		require.NoError(t, a.Close())
-		require.NoError(t, d.StreamDestroy(s))
-		require.True(t, d.Usage().Zero(), "%v", d.Usage())
+		for name, cfg := range policies {
+			t.Run(name, func(t *testing.T) { fuzzOne(t, cfg, ops) })
+		}
 	})
+}
+
+func fuzzOne(t *testing.T, cfg Config, ops []byte) {
+	d, err := hostOpen(200 << 20)
+	require.NoError(t, err)
+	defer d.Close()
+	a, err := New(d, 0, cfg, nil)
+	require.NoError(t, err)
+	s, err := d.StreamCreate(0)
+	require.NoError(t, err)
+	drive(t, a, []vmm.Stream{0, s}, ops)
+	require.NoError(t, a.EmptyCache())
+	st := a.Stats()
+	require.Zero(t, st.ReservedBytes.All.Current)
+	require.Zero(t, st.ActiveBytes.All.Current)
+	u := d.Usage()
+	require.Zero(t, u.Mappings, "%v", u)
+	require.Zero(t, u.Handles, "%v", u)
+	require.Zero(t, u.Ranges, "%v", u)
+	require.NoError(t, a.Close())
+	require.NoError(t, d.StreamDestroy(s))
+	require.True(t, d.Usage().Zero(), "%v", d.Usage())
 }
 
 // TestFaultInjection fails, one at a time, the n-th call of each driver
