@@ -13,6 +13,18 @@
 #include <stdlib.h>
 #include <time.h>
 #define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *s; cuGetErrorString(r_, &s); printf("%s -> %d %s\n", #x, r_, s); } } while (0)
+// WRAPPED makes call as vmm/cuda makes a driver call, as wrap says: bit 1
+// sets the thread's capture mode relaxed around it (XS_RELAXED), bit 2
+// pushes ctx before it and pops it after (xs_enter on a thread without a
+// current context).
+#define WRAPPED(wrap, ctx, call) do { \
+    CUcontext old_; CUstreamCaptureMode m_ = CU_STREAM_CAPTURE_MODE_RELAXED; \
+    if ((wrap) & 2) CK(cuCtxPushCurrent(ctx)); \
+    if ((wrap) & 1) CK(cuThreadExchangeStreamCaptureMode(&m_)); \
+    CK(call); \
+    if ((wrap) & 1) CK(cuThreadExchangeStreamCaptureMode(&m_)); \
+    if ((wrap) & 2) CK(cuCtxPopCurrent(&old_)); \
+  } while (0)
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e6 + t.tv_nsec / 1e3; }
 static int cmpd(const void *a, const void *b) { double x = *(double *)a, y = *(double *)b; return x < y ? -1 : x > y; }
 int main(void) {
@@ -84,27 +96,13 @@ int main(void) {
     for (int rep = 0; rep < R; rep++) {
       if (wrap & 2) CK(cuCtxSetCurrent(NULL));
       double a = now();
-      for (int i = 0; i < N; i++) {
-        CUcontext old; CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
-        if (wrap & 2) CK(cuCtxPushCurrent(ctx));
-        if (wrap & 1) CK(cuThreadExchangeStreamCaptureMode(&m));
-        CK(cuMemMap(base + i * ps, ps, 0, h[i], 0));
-        if (wrap & 1) CK(cuThreadExchangeStreamCaptureMode(&m));
-        if (wrap & 2) CK(cuCtxPopCurrent(&old));
-      }
+      for (int i = 0; i < N; i++) WRAPPED(wrap, ctx, cuMemMap(base + i * ps, ps, 0, h[i], 0));
       double b = now();
       if (wrap & 2) CK(cuCtxPushCurrent(ctx));
       CK(cuMemSetAccess(base, N * ps, &acc, 1));
       if (wrap & 2) CK(cuCtxPopCurrent(NULL));
       double c = now();
-      for (int i = 0; i < N; i++) {
-        CUcontext old; CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
-        if (wrap & 2) CK(cuCtxPushCurrent(ctx));
-        if (wrap & 1) CK(cuThreadExchangeStreamCaptureMode(&m));
-        CK(cuMemUnmap(base + i * ps, ps));
-        if (wrap & 1) CK(cuThreadExchangeStreamCaptureMode(&m));
-        if (wrap & 2) CK(cuCtxPopCurrent(&old));
-      }
+      for (int i = 0; i < N; i++) WRAPPED(wrap, ctx, cuMemUnmap(base + i * ps, ps));
       double e = now();
       mt[rep] = (b - a) / N; ut[rep] = (e - c) / N;
       if (wrap & 2) CK(cuCtxSetCurrent(ctx));
@@ -127,7 +125,8 @@ int main(void) {
     for (int rep = 0; rep < 5; rep++) {
       double a = now(); for (int i = 0; i < N; i++) CK(cuMemMap(base + i * ps, ps, 0, k[i], 0)); double b = now();
       CK(cuMemSetAccess(base, N * ps, &acc, 1)); double c = now();
-      for (int i = 0; i < N; i++) CK(cuMemUnmap(base + i * ps, ps)); double e = now();
+      for (int i = 0; i < N; i++) CK(cuMemUnmap(base + i * ps, ps));
+      double e = now();
       mt[rep] = (b - a) / N; gt[rep] = (c - b) / N; ut[rep] = (e - c) / N;
     }
     qsort(mt, 5, sizeof(double), cmpd); qsort(gt, 5, sizeof(double), cmpd); qsort(ut, 5, sizeof(double), cmpd);

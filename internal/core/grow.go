@@ -181,7 +181,8 @@ func (h *Heap) donorsLocked(seg *Seg) []*state {
 	donors := []*state{seg.st}
 	// Config.SizeClasses: the pool's other classes come first, then
 	// the donor pools' (each pool has class 0 only without it).
-	for _, p := range append([]Pool{seg.Pool}, h.donors[seg.Pool]...) {
+	var buf [NumPools]Pool
+	for _, p := range append(append(buf[:0], seg.Pool), h.donors[seg.Pool]...) {
 		for c := range h.numClassesOf(p) {
 			k := stateKey{stream: seg.Stream, pool: p, class: c}
 			if st := h.mu.states[k]; st != nil && st != seg.st {

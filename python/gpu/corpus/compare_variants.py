@@ -23,19 +23,13 @@ import re
 import sys
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+# A trace's name as --write-variants names its files, as torch_replay.py
+# names its results (torch_replay.py imports no torch at module level).
+from torch_replay import trace_name
+
 # A written variant's name as torch_replay.py reports it (the file's name
 # without ".trace.gz") or its path.
 VARIANT = re.compile(r"^(?P<name>.+)\.seed(?P<seed>\d+)(\.trace)?(\.gz)?$")
-
-
-def trace_name(path: str) -> str:
-    """A trace's name as --write-variants names its files: the base name
-    without ".gz" and ".trace"."""
-    base = os.path.basename(path)
-    for suffix in (".gz", ".trace"):
-        if base.endswith(suffix):
-            base = base[: -len(suffix)]
-    return base
 
 
 def xseg_ratios(lines: Iterable[str]) -> Dict[str, Dict[int, float]]:
