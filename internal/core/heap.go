@@ -52,55 +52,78 @@ type Heap struct {
 	// sleeping in the OOM backoff, without the lock, wakes on it.
 	done chan struct{}
 
-	mu struct {
-		heapLock
-		closed bool
-		states map[stateKey]*state
-		def    [NumPools][numClasses]*state // the states of stream 0, by pool and size class
-		blocks map[vmm.DevicePtr]*block
-		// handed caches blocks handed out by a hash of their ptr, so that
-		// Free finds a block without the map (blockLocked).
-		handed [1 << handedBits]*block
-		spare  *block // recycled block structs, through next
-		nodes  *btree.FreeListG[*block]
-		// stats are the statistics but for those of blocks, which
-		// bstats keeps (hotstats.go): read them with statsLocked.
-		stats  Stats
-		bstats blockStats
-		mapped [NumPools]uint64 // bytes mapped, by pool
-		// chunkMark is the most ReservedBytes has been since the Heap was
-		// made or last emptied: chunks are made only past it (grow.go).
-		chunkMark uint64
-		// freeSeq numbers the frees (block.freed); marks are the
-		// streams' marks (marks.go).
-		freeSeq uint64
-		marks   map[vmm.Stream]*streamMark
-		// retiring are the segments with retired runs (retire.go).
-		retiring []*Seg
-		pending  []pendingEvent
-		events   []vmm.Event // recorded and completed, for reuse
-		freed    chan struct{}
-		pins     map[*block]int // pin counts of shared blocks (pin.go)
-		// streams are the streams the driver has confirmed live
-		// (streams.go), lastStream the one Alloc saw last: a stream is
-		// checked once, not on every allocation.
-		streams    map[vmm.Stream]struct{}
-		lastStream vmm.Stream
-		// Private pools (pools.go): every pool by id, the active routes
-		// in the order begun, and the frees deferred while one is active.
-		pools    map[PoolID]*privatePool
-		routes   []route
-		deferred []*block
-		// tags are the pools of tags by name, nextTag the number of the
-		// next one's id (tags.go).
-		tags     map[string]*privatePool
-		nextTag  uint64
-		memLimit memLimit // the cap on reserved bytes (limit.go)
-		// trimFloor is, under ReleasePolicy.WholeSegments, the free bytes
-		// over the threshold that the last release left (release.go).
-		trimFloor uint64
-		hist      *history // the allocation history, nil while off (history.go)
-	}
+	mu heapMu
+}
+
+// heapMu is what Heap's lock guards, with the lock. Its Unlock works out
+// quiet and plain, the warm paths' conditions, afresh; the warm paths,
+// which change none of their inputs, let go by heapLock's own Unlock.
+type heapMu struct {
+	heapLock
+	closed bool
+	states map[stateKey]*state
+	def    [NumPools][numClasses]*state // the states of stream 0, by pool and size class
+	blocks map[vmm.DevicePtr]*block
+	// handed caches blocks handed out by a hash of their ptr, so that
+	// Free finds a block without the map (blockLocked).
+	handed [1 << handedBits]*block
+	spare  *block // recycled block structs, through next
+	nodes  *btree.FreeListG[*block]
+	// stats are the statistics but for those of blocks, which
+	// bstats keeps (hotstats.go): read them with statsLocked.
+	stats  Stats
+	bstats blockStats
+	mapped [NumPools]uint64 // bytes mapped, by pool
+	// chunkMark is the most ReservedBytes has been since the Heap was
+	// made or last emptied: chunks are made only past it (grow.go).
+	chunkMark uint64
+	// freeSeq numbers the frees (block.freed); marks are the
+	// streams' marks (marks.go).
+	freeSeq uint64
+	marks   map[vmm.Stream]*streamMark
+	// retiring are the segments with retired runs (retire.go).
+	retiring []*Seg
+	pending  []pendingEvent
+	events   []vmm.Event // recorded and completed, for reuse
+	freed    chan struct{}
+	pins     map[*block]int // pin counts of shared blocks (pin.go)
+	// streams are the streams the driver has confirmed live
+	// (streams.go), lastStream the one Alloc saw last: a stream is
+	// checked once, not on every allocation.
+	streams    map[vmm.Stream]struct{}
+	lastStream vmm.Stream
+	// Private pools (pools.go): every pool by id, the active routes
+	// in the order begun, and the frees deferred while one is active.
+	pools    map[PoolID]*privatePool
+	routes   []route
+	deferred []*block
+	// tags are the pools of tags by name, nextTag the number of the
+	// next one's id (tags.go).
+	tags     map[string]*privatePool
+	nextTag  uint64
+	memLimit memLimit // the cap on reserved bytes (limit.go)
+	// trimFloor is, under ReleasePolicy.WholeSegments, the free bytes
+	// over the threshold that the last release left (release.go).
+	trimFloor uint64
+	hist      *history // the allocation history, nil while off (history.go)
+	// quiet: an Alloc can take a parked block at once (warmAllocLocked);
+	// plain: a Free of a block of a shared pool, used on its stream only,
+	// takes the warm path (plainFreeLocked).
+	quiet, plain bool
+	trims        bool // Config.ReleaseThreshold is set
+}
+
+// Unlock releases the lock, working out quiet and plain for the next
+// holder.
+func (m *heapMu) Unlock() {
+	m.settle()
+	m.heapLock.Unlock()
+}
+
+// settle works out quiet and plain.
+func (m *heapMu) settle() {
+	m.quiet = !m.closed && len(m.routes) == 0 && len(m.deferred) == 0 && len(m.pending) == 0
+	m.plain = !m.closed && m.hist == nil && len(m.pins) == 0 && len(m.routes) == 0 && !m.trims
 }
 
 // handedBits is log2 of the slots of Heap.mu.handed.
@@ -117,6 +140,7 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 		log = slog.New(slog.DiscardHandler)
 	}
 	h := &Heap{drv: d, dev: dev, back: b, cfg: cfg, limit: limit, log: log, done: make(chan struct{})}
+	h.mu.trims = cfg.ReleaseThreshold > 0
 	h.classes = cfg.PoolClasses()
 	for _, p := range spec.Pools() {
 		h.mates[p] = cfg.PageMates(p)
@@ -149,6 +173,7 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 	for _, p := range spec.Pools() {
 		h.mu.def[p][0] = h.stateLocked(0, p, 0)
 	}
+	h.mu.settle()
 	return h, nil
 }
 
@@ -248,7 +273,7 @@ func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 	rs, pool := h.sizeClass(size)
 	c := h.classOf(rs, pool)
 	h.mu.Lock()
-	if h.quietLocked(s) && size <= h.limit && rs >= size {
+	if h.warmAllocLocked(s) && size <= h.limit && rs >= size {
 		st := h.mu.def[pool][c]
 		if s != 0 || st == nil {
 			st = h.stateLocked(s, pool, c)
@@ -258,7 +283,7 @@ func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 			if invariantsOn {
 				h.checkLocked()
 			}
-			h.mu.Unlock()
+			h.mu.heapLock.Unlock()
 			return b.ptr, nil
 		}
 	}
@@ -299,12 +324,35 @@ func (h *Heap) allocHeld(size, rs uint64, pool Pool, s vmm.Stream, final bool, i
 	return b.ptr, nil
 }
 
-// quietLocked reports whether an allocation on stream s can take a parked
-// block at once: the Heap is open, s is known, and no route, deferred free
-// or pending event asks for work first.
-func (h *Heap) quietLocked(s vmm.Stream) bool {
-	return !h.mu.closed && (s == 0 || s == h.mu.lastStream) &&
-		len(h.mu.routes) == 0 && len(h.mu.deferred) == 0 && len(h.mu.pending) == 0
+// warmAllocLocked reports whether an allocation on stream s can take a
+// parked block at once: the Heap is open, s is known, and no route,
+// deferred free or pending event asks for work first (heapMu.quiet, which
+// the last Unlock worked out; the warm path of Alloc looks at it before
+// it changes anything).
+func (h *Heap) warmAllocLocked(s vmm.Stream) bool {
+	if invariantsOn {
+		h.checkWarmFlags()
+	}
+	return h.mu.quiet && (s == 0 || s == h.mu.lastStream)
+}
+
+// checkWarmFlags panics if quiet or plain is not what settle works out
+// (build tag invariants).
+func (h *Heap) checkWarmFlags() {
+	q, p := h.mu.quiet, h.mu.plain
+	h.mu.settle()
+	if q != h.mu.quiet || p != h.mu.plain {
+		panic(fmt.Sprintf("xseg: stale warm-path flags: quiet %v, plain %v; now %v, %v", q, p, h.mu.quiet, h.mu.plain))
+	}
+}
+
+// warmFreeLocked is plainFreeLocked from heapMu.plain, for the warm path
+// of Free, which looks at it before it changes anything.
+func (h *Heap) warmFreeLocked(b *block) bool {
+	if invariantsOn {
+		h.checkWarmFlags()
+	}
+	return h.mu.plain && b != nil && b.state == stAllocated && len(b.uses) == 0 && b.seg.st.key.private.IsZero()
 }
 
 // allocLocked allocates size bytes, rs rounded, of pool on stream s (see
@@ -383,14 +431,15 @@ func (h *Heap) handOutLocked(b *block, rs, req uint64) *block {
 func (h *Heap) Free(ptr vmm.DevicePtr) error {
 	h.mu.Lock()
 	b := h.blockLocked(ptr)
-	if h.plainFreeLocked(b) {
+	if h.warmFreeLocked(b) {
 		h.unhandLocked(b)
-		h.unallocateLocked(b)
-		h.deactivateLocked(b)
+		h.mu.bstats.free(b.seg.Pool, b.size, b.requested)
+		b.requested = 0
+		h.releaseLocked(b)
 		if invariantsOn {
 			h.checkLocked()
 		}
-		h.mu.Unlock()
+		h.mu.heapLock.Unlock()
 		return nil
 	}
 	defer h.mu.Unlock()
@@ -513,6 +562,11 @@ func (h *Heap) deactivateLocked(b *block) {
 		h.noteLocked(ActionFreeCompleted, b.ptr, b.size, b.seg)
 	}
 	h.mu.bstats.deactivate(b.seg.Pool, b.size)
+	h.releaseLocked(b)
+}
+
+// releaseLocked makes block b, no longer counted as active, free.
+func (h *Heap) releaseLocked(b *block) {
 	b.state = stFree
 	h.mu.freeSeq++
 	b.freed = h.mu.freeSeq

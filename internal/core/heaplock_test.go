@@ -79,10 +79,10 @@ func BenchmarkHeapLockPair(b *testing.B) {
 	for b.Loop() {
 		h.mu.Lock()
 		h.mu.freeSeq++ // a word under the lock, as Alloc's counters are
-		h.mu.Unlock()
+		h.mu.heapLock.Unlock()
 		h.mu.Lock()
 		h.mu.freeSeq++
-		h.mu.Unlock()
+		h.mu.heapLock.Unlock()
 	}
 	require.Equal(b, uint64(2*b.N), h.mu.freeSeq)
 }

@@ -45,6 +45,13 @@ type blockStats struct {
 	// allCur and allPeak are the all-pools current values (the sums of
 	// the pools') and peaks.
 	allCur, allPeak [numHot]int64
+	// roomBytes and roomCount are, for each pool and for all of them
+	// (index NumPools), lower bounds on how far each byte counter and
+	// each count is below its peak: while a block fits in them, no peak
+	// can rise, and handOut makes one comparison of each instead of ten
+	// of the peaks. They are 0 (no room known) until a handOut measures
+	// them, and again after resetPeaks.
+	roomBytes, roomCount [NumPools + 1]int64
 	// shadow, under the build tag invariants only, counts the same in
 	// spec.Stats' own way, for verifyLocked to compare with fold.
 	shadow Stats
@@ -71,6 +78,31 @@ func (s *blockStats) handOut(p Pool, size, req uint64) {
 	a[hAllocs]++
 	a[hActiveBytes] += n
 	a[hActiveBlocks]++
+	// The bytes counters rise by n or r <= n, the counts by 1.
+	rb, rc := &s.roomBytes, &s.roomCount
+	if n <= rb[p] && n <= rb[NumPools] && rc[p] > 0 && rc[NumPools] > 0 {
+		rb[p] -= n
+		rb[NumPools] -= n
+		rc[p]--
+		rc[NumPools]--
+	} else {
+		s.raisePeaks(p)
+	}
+	if invariantsOn {
+		sh := &s.shadow
+		sh.AllocatedBytes.Inc(p, size)
+		sh.RequestedBytes.Inc(p, req)
+		sh.ActiveBytes.Inc(p, size)
+		sh.Allocations.Inc(p, 1)
+		sh.ActiveBlocks.Inc(p, 1)
+	}
+}
+
+// raisePeaks raises the peaks of pool p and of all pools to the current
+// values, and measures their room.
+func (s *blockStats) raisePeaks(p Pool) {
+	ps := &s.pools[p]
+	c, a := &ps.cur, &s.allCur
 	pk, ap := &ps.peak, &s.allPeak // unrolled: a loop of five costs more
 	raise(&pk[0], c[0])
 	raise(&pk[1], c[1])
@@ -82,14 +114,16 @@ func (s *blockStats) handOut(p Pool, size, req uint64) {
 	raise(&ap[2], a[2])
 	raise(&ap[3], a[3])
 	raise(&ap[4], a[4])
-	if invariantsOn {
-		sh := &s.shadow
-		sh.AllocatedBytes.Inc(p, size)
-		sh.RequestedBytes.Inc(p, req)
-		sh.ActiveBytes.Inc(p, size)
-		sh.Allocations.Inc(p, 1)
-		sh.ActiveBlocks.Inc(p, 1)
-	}
+	s.roomBytes[p], s.roomCount[p] = roomOf(pk, c)
+	s.roomBytes[NumPools], s.roomCount[NumPools] = roomOf(ap, a)
+}
+
+// roomOf is how far the byte counters of cur, and its counts, are below
+// their peaks, the least of each.
+func roomOf(peak, cur *[numHot]int64) (bytes, count int64) {
+	bytes = min(peak[hAllocBytes]-cur[hAllocBytes], peak[hReqBytes]-cur[hReqBytes], peak[hActiveBytes]-cur[hActiveBytes])
+	count = min(peak[hAllocs]-cur[hAllocs], peak[hActiveBlocks]-cur[hActiveBlocks])
+	return bytes, count
 }
 
 // raise makes peak v if v is above it. It stores only a raised peak:
@@ -116,6 +150,18 @@ func (s *blockStats) unallocate(p Pool, size, req uint64) {
 		sh.RequestedBytes.Dec(p, req)
 		sh.Allocations.Dec(p, 1)
 	}
+}
+
+// free is unallocate and deactivate at once, for a block handed out for
+// req bytes: every counter of pool p and of all pools falls by at least
+// req bytes or 1, and so their room grows by as much.
+func (s *blockStats) free(p Pool, size, req uint64) {
+	s.unallocate(p, size, req)
+	s.deactivate(p, size)
+	s.roomBytes[p] += int64(req)
+	s.roomBytes[NumPools] += int64(req)
+	s.roomCount[p]++
+	s.roomCount[NumPools]++
 }
 
 func (s *blockStats) deactivate(p Pool, size uint64) {
@@ -184,6 +230,7 @@ func (s *blockStats) resetPeaks() {
 		s.pools[p].peak = s.pools[p].cur
 	}
 	s.allPeak = s.allCur
+	s.roomBytes, s.roomCount = [NumPools + 1]int64{}, [NumPools + 1]int64{}
 	if invariantsOn {
 		s.shadow.ResetPeaks()
 	}
@@ -211,6 +258,16 @@ func (s *blockStats) verify() error {
 	for i := range got {
 		if got[i] != want[i] {
 			return fmt.Errorf("block statistic %d folds to %+v, counted one by one %+v", i, got[i], want[i])
+		}
+	}
+	for p := range NumPools + 1 {
+		peak, cur := &s.allPeak, &s.allCur
+		if p < NumPools {
+			peak, cur = &s.pools[p].peak, &s.pools[p].cur
+		}
+		b, c := roomOf(peak, cur)
+		if s.roomBytes[p] > b || s.roomCount[p] > c || s.roomBytes[p] < 0 || s.roomCount[p] < 0 {
+			return fmt.Errorf("room %d: %d bytes and %d blocks kept, but counters are %d bytes and %d blocks under their peaks", p, s.roomBytes[p], s.roomCount[p], b, c)
 		}
 	}
 	return nil
