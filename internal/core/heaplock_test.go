@@ -70,10 +70,11 @@ func TestHeapLockLongHold(t *testing.T) {
 }
 
 // BenchmarkHeapLockPair takes and releases the Heap's lock twice, as a
-// warm Alloc and Free each do once: the floor under
-// expandable's BenchmarkAllocFreeCached, which is what the locked
-// instruction costs on the machine at hand (bench/RESULTS.md compares the
-// two in one run on the GPU machine's CPU).
+// warm Alloc and Free each do once, from one goroutine: after the first
+// needFirst pairs the biased way where there is one (Linux on amd64), the
+// compare-and-swap elsewhere. It is the lock's share of expandable's
+// BenchmarkAllocFreeCached (bench/RESULTS.md compares the two in one run
+// on the GPU machine's CPU).
 func BenchmarkHeapLockPair(b *testing.B) {
 	var h Heap
 	for b.Loop() {
