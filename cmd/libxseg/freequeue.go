@@ -169,15 +169,18 @@ func drainWith(apply func(ptr uint64, dev int, reused bool)) {
 	}
 }
 
-// applyChunk applies es, the entries taken from ring position h on, and
-// then, once every earlier chunk is published, publishes them: fqApplied
-// becomes h+len(es).
+// applyChunk applies es, the entries taken from ring position h on, once
+// every earlier chunk is applied, and then publishes them: fqApplied
+// becomes h+len(es). Chunks are applied in ring order even when drains on
+// several threads take them: a block taken back (REUSED) and then freed
+// again is two entries, and counting the first after applying the second
+// would find the block already free.
 func applyChunk(h uint32, es []C.struct_xseg_fq_entry, apply func(ptr uint64, dev int, reused bool)) {
-	for _, e := range es {
-		applyOne(uint64(e.ptr), int(e.device), e.kind == C.XSEG_FQ_REUSED, apply)
-	}
 	for spins := 0; fqApplied.Load() != h; spins++ {
 		backOff(spins)
+	}
+	for _, e := range es {
+		applyOne(uint64(e.ptr), int(e.device), e.kind == C.XSEG_FQ_REUSED, apply)
 	}
 	fqApplied.Store(h + uint32(len(es)))
 }

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -152,6 +153,39 @@ func TestFreeQueueConcurrent(t *testing.T) {
 	drainWith(apply)
 	for id := range applied {
 		require.Equal(t, int32(1), applied[id].Load(), "free %d", id)
+	}
+}
+
+// TestFreeQueueDrainsApplyInOrder: two drains at once take different
+// chunks, and the later chunk is applied only after the earlier one, however
+// slow that is: a block taken back and freed again is two entries, which
+// must reach Go in the order parked.
+func TestFreeQueueDrainsApplyInOrder(t *testing.T) {
+	takeQueue(t)
+	const n = 4 * fqChunk
+	for i := range n {
+		require.True(t, parkFree(uint64(i+1)<<9, 0))
+	}
+	var mu sync.Mutex
+	var got []uint64
+	first := make(chan struct{})
+	apply := func(p uint64, _ int, _ bool) {
+		if p == 1<<9 {
+			close(first)
+			time.Sleep(50 * time.Millisecond) // the first chunk is slow
+		}
+		mu.Lock()
+		got = append(got, p)
+		mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { drainWith(apply) })
+	<-first // the first drain holds the first chunk
+	wg.Go(func() { drainWith(apply) })
+	wg.Wait()
+	require.Len(t, got, n)
+	for i, p := range got {
+		require.Equal(t, uint64(i+1)<<9, p, "entry %d applied out of order", i)
 	}
 }
 
