@@ -121,9 +121,18 @@ func (m *heapMu) Unlock() {
 }
 
 // settle works out quiet and plain.
-func (m *heapMu) settle() {
-	m.quiet = !m.closed && len(m.routes) == 0 && len(m.deferred) == 0 && len(m.pending) == 0
-	m.plain = !m.closed && m.hist == nil && len(m.pins) == 0 && len(m.routes) == 0 && !m.trims
+func (m *heapMu) settle() { m.quiet, m.plain = m.quietNow(), m.plainNow() }
+
+// quietNow is what quiet stands for: the Heap is open, and no route,
+// deferred free or pending event asks an allocation for work first.
+func (m *heapMu) quietNow() bool {
+	return !m.closed && len(m.routes) == 0 && len(m.deferred) == 0 && len(m.pending) == 0
+}
+
+// plainNow is what plain stands for: the Heap is open, with no history,
+// pins, route or release threshold for a free to mind.
+func (m *heapMu) plainNow() bool {
+	return !m.closed && m.hist == nil && len(m.pins) == 0 && len(m.routes) == 0 && !m.trims
 }
 
 // handedBits is log2 of the slots of Heap.mu.handed.
@@ -336,13 +345,11 @@ func (h *Heap) warmAllocLocked(s vmm.Stream) bool {
 	return h.mu.quiet && (s == 0 || s == h.mu.lastStream)
 }
 
-// checkWarmFlags panics if quiet or plain is not what settle works out
+// checkWarmFlags panics if quiet or plain is not what they stand for
 // (build tag invariants).
 func (h *Heap) checkWarmFlags() {
-	q, p := h.mu.quiet, h.mu.plain
-	h.mu.settle()
-	if q != h.mu.quiet || p != h.mu.plain {
-		panic(fmt.Sprintf("xseg: stale warm-path flags: quiet %v, plain %v; now %v, %v", q, p, h.mu.quiet, h.mu.plain))
+	if q, p := h.mu.quietNow(), h.mu.plainNow(); q != h.mu.quiet || p != h.mu.plain {
+		panic(fmt.Sprintf("xseg: stale warm-path flags: quiet %v, plain %v; now %v, %v", h.mu.quiet, h.mu.plain, q, p))
 	}
 }
 
@@ -352,7 +359,7 @@ func (h *Heap) warmFreeLocked(b *block) bool {
 	if invariantsOn {
 		h.checkWarmFlags()
 	}
-	return h.mu.plain && b != nil && b.state == stAllocated && len(b.uses) == 0 && b.seg.st.key.private.IsZero()
+	return h.mu.plain && plainBlock(b)
 }
 
 // allocLocked allocates size bytes, rs rounded, of pool on stream s (see
@@ -491,10 +498,12 @@ func (h *Heap) freeLocked(ptr vmm.DevicePtr, b *block) error {
 // plainFreeLocked reports whether freeing b takes only the warm path:
 // an allocated block of a shared pool, used on its own stream only, with
 // no history, pins, route or release threshold to mind.
-func (h *Heap) plainFreeLocked(b *block) bool {
-	return b != nil && b.state == stAllocated && !h.mu.closed && len(b.uses) == 0 &&
-		h.mu.hist == nil && len(h.mu.pins) == 0 && len(h.mu.routes) == 0 &&
-		h.cfg.ReleaseThreshold == 0 && b.seg.st.key.private.IsZero()
+func (h *Heap) plainFreeLocked(b *block) bool { return h.mu.plainNow() && plainBlock(b) }
+
+// plainBlock reports whether b is an allocated block of a shared pool,
+// used on its own stream only.
+func plainBlock(b *block) bool {
+	return b != nil && b.state == stAllocated && len(b.uses) == 0 && b.seg.st.key.private.IsZero()
 }
 
 // unhandLocked takes freed block b out of Heap.mu.handed, where it sits

@@ -193,24 +193,7 @@ func (l *heapLock) revokeBias() {
 		stopTheWorld()
 		biasOff()
 	}
-	d := wakeFirst
-	var t *time.Timer
-	for i := 0; atomic.LoadUint32(&r.busy) != 0; i++ {
-		if i < lockSpins {
-			runtime.Gosched()
-			continue
-		}
-		if t == nil {
-			t = time.NewTimer(d)
-			defer t.Stop()
-		}
-		select {
-		case <-l.unbiasChan():
-		case <-t.C:
-			d = min(2*d, wakeLast)
-			t.Reset(d)
-		}
-	}
+	spinThenPark(func() bool { return atomic.LoadUint32(&r.busy) == 0 }, l.unbiasChan(), nil)
 	l.bias.Store(nil)
 	atomic.StoreUint32(&l.revoke, 0)
 	l.need = min(2*max(l.need, needFirst), needLast)
@@ -226,20 +209,27 @@ func (l *heapLock) wakeRevoker() {
 	}
 }
 
-func (l *heapLock) lockSlow() {
+func (l *heapLock) lockSlow() { spinThenPark(l.tryShared, l.wakeChan(), &l.waiters) }
+
+// spinThenPark returns once ready reports true. It yields and asks again
+// lockSpins times, then parks: counted in parked while it does, woken by
+// wake or by a timeout that doubles from wakeFirst to wakeLast, as a
+// wake-up can be lost (heapLock).
+func spinThenPark(ready func() bool, wake <-chan struct{}, parked *atomic.Int32) {
 	for range lockSpins {
-		runtime.Gosched()
-		if l.tryShared() {
+		if ready() {
 			return
 		}
+		runtime.Gosched()
 	}
-	l.waiters.Add(1)
-	defer l.waiters.Add(-1)
-	wake := l.wakeChan()
+	if parked != nil {
+		parked.Add(1)
+		defer parked.Add(-1)
+	}
 	d := wakeFirst
 	t := time.NewTimer(d)
 	defer t.Stop()
-	for !l.tryShared() {
+	for !ready() {
 		select {
 		case <-wake:
 		case <-t.C:

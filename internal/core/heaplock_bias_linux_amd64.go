@@ -29,15 +29,11 @@ func lockFast(l *heapLock)
 //go:noescape
 func unlockFast(l *heapLock)
 
-// lockRevoke is Lock when it took the shared way of a biased lock.
+// lockRevoke is Lock when it took the shared way of a biased lock. No
+// revoker can be waiting: revokers hold the shared way.
 //
 //lint:ignore U1000 called from assembly
-func lockRevoke(l *heapLock) {
-	if atomic.LoadUint32(&l.revoke) != 0 {
-		l.wakeRevoker()
-	}
-	l.revokeBias()
-}
+func lockRevoke(l *heapLock) { l.revokeBias() }
 
 // unlockWake is Unlock when a revoker waits for the biased holder.
 //
