@@ -439,7 +439,9 @@ func (h *Heap) Free(ptr vmm.DevicePtr) error {
 	h.mu.Lock()
 	b := h.blockLocked(ptr)
 	if h.warmFreeLocked(b) {
-		h.unhandLocked(b)
+		// b stays in its slot of handed: blockLocked looks past a slot
+		// whose block is no longer allocated there, and the pair's next
+		// Alloc of b puts it there again.
 		h.mu.bstats.free(b.seg.Pool, b.size, b.requested)
 		b.requested = 0
 		h.releaseLocked(b)

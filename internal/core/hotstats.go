@@ -10,15 +10,17 @@ import (
 // in Heap.mu.stats, whose fields of them stay zero: statsLocked folds them
 // in. Through spec.Stat, which keeps current, peak, allocated and freed for
 // each pool and for all of them, an Alloc and a Free each added to twenty
-// words; blockStats keeps only what cannot be derived, and an Alloc adds to
-// thirteen, a Free to ten:
-//   - the all-pools allocated and freed values are sums over the pools
-//     (current is kept too, for the peak);
+// words; blockStats keeps only what cannot be derived, and a warm Alloc
+// adds to six, a warm Free to three (besides the room below the peaks):
+//   - the all-pools current, allocated and freed values are sums over the
+//     pools;
 //   - freed is allocated less what current gained since the last
 //     ResetAccumulatedStats (base holds current then), so a Free only
 //     lowers current;
-//   - the active counters' allocated totals are those of allocated bytes
-//     and allocations: a block becomes active only when handed out.
+//   - the active counters are the allocated ones plus what pending blocks
+//     hold, which only the slow paths change; their allocated totals are
+//     those of allocated bytes and allocations: a block becomes active
+//     only when handed out.
 
 // The counters of blockStats, by index.
 const (
@@ -30,21 +32,36 @@ const (
 	numHot
 	// numTotals counts the first counters, those with a total of their
 	// own; the active ones share the totals of hAllocBytes and hAllocs.
+	// They are also the ones kept current one by one: an active counter
+	// is its allocated counter plus what pending blocks hold (poolBlockStats.pend).
 	numTotals = hActiveBytes
 )
 
 // poolBlockStats are one pool's counters.
 type poolBlockStats struct {
-	cur, peak [numHot]int64
-	total     [numTotals]int64
-	base      [numHot]int64 // cur at the last ResetAccumulatedStats
+	// cur holds the current values of the first numTotals counters.
+	// pend holds the bytes and blocks freed but still active (pending
+	// the events of other streams): active bytes are cur[hAllocBytes] +
+	// pend[0], active blocks cur[hAllocs] + pend[1]. A block handed out
+	// or freed at once moves the allocated counters only.
+	cur   [numTotals]int64
+	pend  [2]int64
+	peak  [numHot]int64
+	total [numTotals]int64
+	base  [numHot]int64 // current at the last ResetAccumulatedStats
+}
+
+// current returns the current values of all five counters.
+func (ps *poolBlockStats) current() [numHot]int64 {
+	c := &ps.cur
+	return [numHot]int64{c[hAllocBytes], c[hReqBytes], c[hAllocs], c[hAllocBytes] + ps.pend[0], c[hAllocs] + ps.pend[1]}
 }
 
 type blockStats struct {
 	pools [NumPools]poolBlockStats
-	// allCur and allPeak are the all-pools current values (the sums of
-	// the pools') and peaks.
-	allCur, allPeak [numHot]int64
+	// allPeak are the all-pools peaks; the all-pools current values are
+	// the sums of the pools' (allCurrent).
+	allPeak [numHot]int64
 	// roomBytes and roomCount are, for each pool and for all of them
 	// (index NumPools), lower bounds on how far each byte counter and
 	// each count is below its peak: while a block fits in them, no peak
@@ -57,27 +74,31 @@ type blockStats struct {
 	shadow Stats
 }
 
+// allCurrent returns the all-pools current values.
+func (s *blockStats) allCurrent() [numHot]int64 {
+	var a [numHot]int64
+	for p := range s.pools {
+		c := s.pools[p].current()
+		for i := range a {
+			a[i] += c[i]
+		}
+	}
+	return a
+}
+
 // handOut counts a block of size bytes of pool p handed out for a request
 // of req bytes.
 func (s *blockStats) handOut(p Pool, size, req uint64) {
 	ps := &s.pools[p]
-	c := &ps.cur
 	n, r := int64(size), int64(req)
+	c := &ps.cur
 	c[hAllocBytes] += n
 	c[hReqBytes] += r
 	c[hAllocs]++
-	c[hActiveBytes] += n
-	c[hActiveBlocks]++
 	t := &ps.total
 	t[hAllocBytes] += n
 	t[hReqBytes] += r
 	t[hAllocs]++
-	a := &s.allCur
-	a[hAllocBytes] += n
-	a[hReqBytes] += r
-	a[hAllocs]++
-	a[hActiveBytes] += n
-	a[hActiveBlocks]++
 	// The bytes counters rise by n or r <= n, the counts by 1.
 	rb, rc := &s.roomBytes, &s.roomCount
 	if n <= rb[p] && n <= rb[NumPools] && rc[p] > 0 && rc[NumPools] > 0 {
@@ -101,21 +122,14 @@ func (s *blockStats) handOut(p Pool, size, req uint64) {
 // raisePeaks raises the peaks of pool p and of all pools to the current
 // values, and measures their room.
 func (s *blockStats) raisePeaks(p Pool) {
-	ps := &s.pools[p]
-	c, a := &ps.cur, &s.allCur
-	pk, ap := &ps.peak, &s.allPeak // unrolled: a loop of five costs more
-	raise(&pk[0], c[0])
-	raise(&pk[1], c[1])
-	raise(&pk[2], c[2])
-	raise(&pk[3], c[3])
-	raise(&pk[4], c[4])
-	raise(&ap[0], a[0])
-	raise(&ap[1], a[1])
-	raise(&ap[2], a[2])
-	raise(&ap[3], a[3])
-	raise(&ap[4], a[4])
-	s.roomBytes[p], s.roomCount[p] = roomOf(pk, c)
-	s.roomBytes[NumPools], s.roomCount[NumPools] = roomOf(ap, a)
+	c, a := s.pools[p].current(), s.allCurrent()
+	pk, ap := &s.pools[p].peak, &s.allPeak
+	for i := range numHot {
+		raise(&pk[i], c[i])
+		raise(&ap[i], a[i])
+	}
+	s.roomBytes[p], s.roomCount[p] = roomOf(pk, &c)
+	s.roomBytes[NumPools], s.roomCount[NumPools] = roomOf(ap, &a)
 }
 
 // roomOf is how far the byte counters of cur, and its counts, are below
@@ -135,15 +149,13 @@ func raise(peak *int64, v int64) {
 }
 
 // unallocate counts a block of size bytes of pool p, handed out for req
-// bytes, freed; deactivate the block no longer active.
+// bytes, freed but still active (pending); deactivate counts it no longer
+// active.
 func (s *blockStats) unallocate(p Pool, size, req uint64) {
-	c, a := &s.pools[p].cur, &s.allCur
-	c[hAllocBytes] -= int64(size)
-	c[hReqBytes] -= int64(req)
-	c[hAllocs]--
-	a[hAllocBytes] -= int64(size)
-	a[hReqBytes] -= int64(req)
-	a[hAllocs]--
+	ps := &s.pools[p]
+	ps.lower(size, req)
+	ps.pend[0] += int64(size)
+	ps.pend[1]++
 	if invariantsOn {
 		sh := &s.shadow
 		sh.AllocatedBytes.Dec(p, size)
@@ -152,24 +164,38 @@ func (s *blockStats) unallocate(p Pool, size, req uint64) {
 	}
 }
 
-// free is unallocate and deactivate at once, for a block handed out for
-// req bytes: every counter of pool p and of all pools falls by at least
-// req bytes or 1, and so their room grows by as much.
+// lower takes a block of size bytes, handed out for req bytes, out of
+// the allocated counters.
+func (ps *poolBlockStats) lower(size, req uint64) {
+	c := &ps.cur
+	c[hAllocBytes] -= int64(size)
+	c[hReqBytes] -= int64(req)
+	c[hAllocs]--
+}
+
+// free counts a block handed out for req bytes freed and no longer
+// active at once: every counter of pool p and of all pools falls by at
+// least req bytes or 1, and so their room grows by as much.
 func (s *blockStats) free(p Pool, size, req uint64) {
-	s.unallocate(p, size, req)
-	s.deactivate(p, size)
+	s.pools[p].lower(size, req)
 	s.roomBytes[p] += int64(req)
 	s.roomBytes[NumPools] += int64(req)
 	s.roomCount[p]++
 	s.roomCount[NumPools]++
+	if invariantsOn {
+		sh := &s.shadow
+		sh.AllocatedBytes.Dec(p, size)
+		sh.RequestedBytes.Dec(p, req)
+		sh.Allocations.Dec(p, 1)
+		sh.ActiveBytes.Dec(p, size)
+		sh.ActiveBlocks.Dec(p, 1)
+	}
 }
 
 func (s *blockStats) deactivate(p Pool, size uint64) {
-	c, a := &s.pools[p].cur, &s.allCur
-	c[hActiveBytes] -= int64(size)
-	c[hActiveBlocks]--
-	a[hActiveBytes] -= int64(size)
-	a[hActiveBlocks]--
+	ps := &s.pools[p]
+	ps.pend[0] -= int64(size)
+	ps.pend[1]--
 	if invariantsOn {
 		s.shadow.ActiveBytes.Dec(p, size)
 		s.shadow.ActiveBlocks.Dec(p, 1)
@@ -210,11 +236,16 @@ func totalOf(ps *poolBlockStats, i int) int64 {
 // fold writes the counters into st.
 func (s *blockStats) fold(st *Stats) {
 	out := [numHot]*PoolStat{&st.AllocatedBytes, &st.RequestedBytes, &st.Allocations, &st.ActiveBytes, &st.ActiveBlocks}
+	var cur [NumPools][numHot]int64
+	for p := range NumPools {
+		cur[p] = s.pools[p].current()
+	}
+	allCur := s.allCurrent()
 	for i, ps := range out {
-		all := Stat{Current: s.allCur[i], Peak: s.allPeak[i]}
+		all := Stat{Current: allCur[i], Peak: s.allPeak[i]}
 		for p := range NumPools {
 			b := &s.pools[p]
-			v := Stat{Current: b.cur[i], Peak: b.peak[i], Allocated: totalOf(b, i)}
+			v := Stat{Current: cur[p][i], Peak: b.peak[i], Allocated: totalOf(b, i)}
 			v.Freed = v.Allocated - (v.Current - b.base[i])
 			*ps.Of(Pool(p)) = v
 			all.Allocated += v.Allocated
@@ -227,9 +258,9 @@ func (s *blockStats) fold(st *Stats) {
 // resetPeaks makes every peak the current value.
 func (s *blockStats) resetPeaks() {
 	for p := range s.pools {
-		s.pools[p].peak = s.pools[p].cur
+		s.pools[p].peak = s.pools[p].current()
 	}
-	s.allPeak = s.allCur
+	s.allPeak = s.allCurrent()
 	s.roomBytes, s.roomCount = [NumPools + 1]int64{}, [NumPools + 1]int64{}
 	if invariantsOn {
 		s.shadow.ResetPeaks()
@@ -241,7 +272,7 @@ func (s *blockStats) resetAccumulated() {
 	for p := range s.pools {
 		ps := &s.pools[p]
 		ps.total = [numTotals]int64{}
-		ps.base = ps.cur
+		ps.base = ps.current()
 	}
 	if invariantsOn {
 		s.shadow.ResetAccumulated()
@@ -261,11 +292,11 @@ func (s *blockStats) verify() error {
 		}
 	}
 	for p := range NumPools + 1 {
-		peak, cur := &s.allPeak, &s.allCur
+		peak, cur := &s.allPeak, s.allCurrent()
 		if p < NumPools {
-			peak, cur = &s.pools[p].peak, &s.pools[p].cur
+			peak, cur = &s.pools[p].peak, s.pools[p].current()
 		}
-		b, c := roomOf(peak, cur)
+		b, c := roomOf(peak, &cur)
 		if s.roomBytes[p] > b || s.roomCount[p] > c || s.roomBytes[p] < 0 || s.roomCount[p] < 0 {
 			return fmt.Errorf("room %d: %d bytes and %d blocks kept, but counters are %d bytes and %d blocks under their peaks", p, s.roomBytes[p], s.roomCount[p], b, c)
 		}

@@ -210,7 +210,7 @@ func (h *Heap) logOOM(msg string, req uint64, err error, args ...any) {
 	if h.cfg.OOMVerbose {
 		level = slog.LevelInfo
 	}
-	args = append(args, "size", req, "reserved", h.mu.stats.ReservedBytes.All.Current, "allocated", h.mu.bstats.allCur[hAllocBytes])
+	args = append(args, "size", req, "reserved", h.mu.stats.ReservedBytes.All.Current, "allocated", h.mu.bstats.allCurrent()[hAllocBytes])
 	if err != nil {
 		args = append(args, "err", err)
 	}

@@ -161,7 +161,7 @@ func (h *Heap) freeMappedLocked() int64 {
 	for _, m := range h.mu.mapped {
 		n += int64(m)
 	}
-	n -= h.mu.bstats.allCur[hActiveBytes]
+	n -= h.mu.bstats.allCurrent()[hActiveBytes]
 	for _, pp := range h.mu.pools {
 		paused := pp.paused()
 		for _, st := range pp.states {
