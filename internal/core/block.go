@@ -1,6 +1,8 @@
 package core
 
 import (
+	"fmt"
+
 	"github.com/google/btree"
 
 	"github.com/xseg-dev/xseg/vmm"
@@ -43,7 +45,10 @@ type block struct {
 	// free (the largest of the blocks merged into it); 0 for pages mapped
 	// since and never handed out. A stream mark whose event completed
 	// says every block freed before it is idle (marks.go).
-	freed   uint64
+	freed uint64
+	// iso is the Heap's shape (heapMu.shape) when the block was last
+	// seen isolated; while the shape stays, it still is (popWarm).
+	iso     uint64
 	state   blockState
 	inExact bool
 	// deferred: freed while a pool was active, its stream events not yet
@@ -132,6 +137,44 @@ func newState(k stateKey, fl *btree.FreeListG[*block]) *state {
 
 // popExact takes a block of exactly size bytes from the exact lists.
 func (s *state) popExact(size uint64) *block {
+	l := s.exactList(size)
+	if l == nil {
+		return nil
+	}
+	b := l.head
+	if b == nil || !isolated(b) {
+		return nil
+	}
+	return s.take(l, b)
+}
+
+// popWarm is popExact for the warm path of Alloc, at the Heap's shape
+// shape: a block seen isolated at this shape needs no second look at its
+// neighbours. Between two changes of the shape only the warm paths have
+// run, and they move blocks only between handed out and parked in an
+// exact-size list, neither of which stops a neighbour being isolated.
+func (s *state) popWarm(size, shape uint64) *block {
+	l := s.exactList(size)
+	if l == nil {
+		return nil
+	}
+	b := l.head
+	if b == nil {
+		return nil
+	}
+	if b.iso != shape {
+		if !isolated(b) {
+			return nil
+		}
+		b.iso = shape
+	} else if invariantsOn && !isolated(b) {
+		panic(fmt.Sprintf("xseg: block %v seen isolated at shape %d is not", b.ptr, shape))
+	}
+	return s.take(l, b)
+}
+
+// exactList returns the exact-size list of size, or nil.
+func (s *state) exactList(size uint64) *exactList {
 	i := slotOf(size, recentBits)
 	l := s.recent[i]
 	if l == nil || l.size != size {
@@ -140,10 +183,11 @@ func (s *state) popExact(size uint64) *block {
 		}
 		s.recent[i] = l
 	}
-	b := l.head
-	if b == nil || !isolated(b) {
-		return nil
-	}
+	return l
+}
+
+// take takes b, the head of l, out of it.
+func (s *state) take(l *exactList, b *block) *block {
 	l.head = b.nextExact
 	b.nextExact, b.inExact, b.list = nil, false, l
 	s.exactN--

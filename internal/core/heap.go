@@ -111,6 +111,10 @@ type heapMu struct {
 	// takes the warm path (plainFreeLocked).
 	quiet, plain bool
 	trims        bool // Config.ReleaseThreshold is set
+	// shape changes whenever the blocks may have changed other than by
+	// the warm paths: at every Unlock, and when a Free coalesces. A block
+	// seen isolated at a shape stays so until it changes (popWarm).
+	shape uint64
 }
 
 // Unlock releases the lock, working out quiet and plain for the next
@@ -120,8 +124,11 @@ func (m *heapMu) Unlock() {
 	m.heapLock.Unlock()
 }
 
-// settle works out quiet and plain.
-func (m *heapMu) settle() { m.quiet, m.plain = m.quietNow(), m.plainNow() }
+// settle works out quiet and plain, and moves the shape on.
+func (m *heapMu) settle() {
+	m.quiet, m.plain = m.quietNow(), m.plainNow()
+	m.shape++
+}
 
 // quietNow is what quiet stands for: the Heap is open, and no route,
 // deferred free or pending event asks an allocation for work first.
@@ -287,7 +294,7 @@ func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 		if s != 0 || st == nil {
 			st = h.stateLocked(s, pool, c)
 		}
-		if b := st.popExact(rs); b != nil {
+		if b := st.popWarm(rs, h.mu.shape); b != nil {
 			b = h.handOutLocked(b, rs, size)
 			if invariantsOn {
 				h.checkLocked()
@@ -586,6 +593,7 @@ func (h *Heap) releaseLocked(b *block) {
 		st.pushExact(b)
 	} else {
 		h.coalesce(b)
+		h.mu.shape++ // a warm Free may come here
 	}
 	if h.mu.freed != nil {
 		close(h.mu.freed)
