@@ -12,6 +12,11 @@ type TagStats = spec.TagStats
 // error matching it and vmm.ErrInvalid.
 var ErrPaused = spec.ErrPaused
 
+// ErrNotAllocated: the pointer is not the start of a block the allocator
+// has handed out; RecordStream's error for it matches ErrNotAllocated
+// and vmm.ErrInvalid.
+var ErrNotAllocated = spec.ErrNotAllocated
+
 // ErrCapturing is spec.ErrCapturing: a CUDA graph capture is underway, so
 // a call that would wait or unmap (EmptyCache) is refused.
 var ErrCapturing = spec.ErrCapturing

@@ -28,6 +28,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "forked.h"
 #include "xseg.h"
 #include "_cgo_export.h"
 
@@ -70,6 +71,9 @@ int protection(uintptr_t addr) {
 }  // namespace
 
 extern "C" void xseg_torch_cache_info(void* self, signed char device, size_t* largest) {
+	if (xseg_forked) {
+		throw std::runtime_error(xseg_fork_error);
+	}
 	(void)self;
 	if (xseg_cache_info(device, largest) != 0) {
 		throw std::runtime_error(std::string("xseg: cacheInfo: ") + xseg_thread_error());
@@ -77,6 +81,7 @@ extern "C" void xseg_torch_cache_info(void* self, signed char device, size_t* la
 }
 
 extern "C" int xseg_torch_route_cache_info(void) {
+	XSEG_FORK_GUARD(-1);
 	void* table = nullptr;
 	void* method = nullptr;
 	for (const char* name : kLibraries) {

@@ -121,7 +121,7 @@ func parseLevel(s string) (slog.Level, error) {
 	case "error":
 		return slog.LevelError, nil
 	}
-	return levelOff, fmt.Errorf("log level %q: want off, error, warn, info or debug: %w", s, vmm.ErrInvalid)
+	return levelOff, fmt.Errorf("log level %q: want off, error, warn, info or debug: %w", bounded(s), vmm.ErrInvalid)
 }
 
 // newLogger writes text records at or above level to standard error.
@@ -130,7 +130,7 @@ func newLogger(level *slog.LevelVar) *slog.Logger {
 }
 
 // bounded is s cut to 64 bytes, for an error text that quotes a value read
-// from the environment.
+// from the environment or a caller.
 func bounded(s string) string {
 	if len(s) <= 64 {
 		return s

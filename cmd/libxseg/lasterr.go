@@ -4,6 +4,7 @@ package main
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include "forked.h"
 
 // The calling thread's last failure, for xseg_thread_error: fail runs on
 // the thread of the C caller whose call failed (a call from C into Go runs
@@ -39,6 +40,9 @@ static void xseg_set_thread_error(const char* msg, size_t n) {
 }
 
 const char* xseg_thread_error(void) {
+	if (xseg_forked) {
+		return xseg_fork_error;
+	}
 	pthread_once(&xseg_thread_err_once, xseg_thread_err_init);
 	const char* buf = xseg_thread_err_ok ? pthread_getspecific(xseg_thread_err_key) : NULL;
 	return buf != NULL ? buf : "";

@@ -79,6 +79,9 @@ func TestLibraryAllocFree(t *testing.T) {
 	known, err = l.recordStream(a+1<<40, 0)
 	require.NoError(t, err)
 	require.False(t, known, "memory xseg never handed out")
+	known, err = l.recordStream(a, vmm.Stream(0x1234))
+	require.ErrorContains(t, err, "not a live stream", "xseg's block, a stream that is not live")
+	require.True(t, known, "the block is xseg's: the caller must hear of the failure")
 
 	require.NoError(t, l.free(a, 0))
 	require.ErrorIs(t, l.free(a, 0), vmm.ErrInvalid, "double free")
@@ -92,6 +95,13 @@ func TestLibraryAllocFree(t *testing.T) {
 	require.Zero(t, r.AllocatedBytes.All.Current)
 	require.NotZero(t, r.ReservedBytes.All.Current)
 	require.NoError(t, l.resetPeakStats(-1))
+	// A device the backend does not have is an error for the calls that
+	// act on a device, as for those that read one.
+	require.ErrorContains(t, l.emptyCache(3), "the host backend has 1 devices")
+	require.ErrorIs(t, l.resetPeakStats(3), vmm.ErrInvalid)
+	require.ErrorIs(t, l.pause(3, nil, false), vmm.ErrInvalid)
+	require.ErrorIs(t, l.resume(3, nil), vmm.ErrInvalid)
+	require.NoError(t, l.emptyCache(0), "a device without allocations has nothing to do")
 	require.NoError(t, l.emptyCache(-1))
 	r = stats(t, l, 0)
 	require.Zero(t, r.ReservedBytes.All.Current)
@@ -110,7 +120,8 @@ func TestLibraryBadDevices(t *testing.T) {
 	_, err = l.snapshotJSON(maxDevices)
 	require.ErrorIs(t, err, vmm.ErrInvalid)
 	require.ErrorIs(t, l.emptyCache(-2), vmm.ErrInvalid)
-	require.NoError(t, l.emptyCache(5), "nothing cached on a device without allocations")
+	require.ErrorContains(t, l.emptyCache(5), "the host backend has 1 devices", "a device the backend does not have")
+	require.NoError(t, l.emptyCache(0), "nothing cached on a device without allocations")
 }
 
 func TestLibrarySnapshot(t *testing.T) {
@@ -241,6 +252,8 @@ func TestParseLevel(t *testing.T) {
 	}
 	_, err := parseLevel("loud")
 	require.ErrorIs(t, err, vmm.ErrInvalid)
+	_, err = parseLevel(strings.Repeat("x", 10<<10))
+	require.Less(t, len(err.Error()), 200, "a long level is quoted short")
 	l := newLibrary(env{envLog: "debug"}.get, nil)
 	require.Equal(t, slog.LevelDebug, l.level.Level(), "XSEG_LOG is read at load")
 }

@@ -76,6 +76,16 @@ func TestCAPI(t *testing.T) {
 		out := run(t, 2*time.Minute, host, prog, lib)
 		require.Contains(t, out, "ok\n", out)
 	})
+	t.Run("Fork", func(t *testing.T) {
+		// A child forked after the library loaded is refused at once,
+		// with the reason, instead of hanging in the Go runtime.
+		prog := filepath.Join(dir, "fork")
+		run(t, time.Minute, nil, cc, "-O2", "-Wall", "-I.", "-o", prog, "testdata/fork.c", "-ldl")
+		for range 5 { // the hang came in most runs, not all
+			out := run(t, time.Minute, host, prog, lib)
+			require.Equal(t, "ok", strings.TrimSpace(out))
+		}
+	})
 	t.Run("Limits", func(t *testing.T) {
 		// The memory-limit and history exports from C, bad input included.
 		prog := filepath.Join(dir, "limits")

@@ -66,18 +66,19 @@ func (l *library) recordStream(ptr vmm.DevicePtr, s vmm.Stream) (known bool, err
 		if err == nil {
 			return true, nil
 		}
-		if !errors.Is(err, vmm.ErrInvalid) {
-			return true, err
+		if !errors.Is(err, spec.ErrNotAllocated) {
+			return true, err // ptr is this device's: the stream is bad, or the allocator closed
 		}
 	}
 	return false, nil
 }
 
 // each calls fn for dev's allocator, or for every allocator made so far when
-// dev is -1. A device without an allocator has nothing to do.
+// dev is -1. A device without an allocator has nothing to do; a device the
+// backend does not have is an error, as in the calls that read a device.
 func (l *library) each(dev int, fn func(*xseg.DeviceAllocator) error) error {
 	if dev != -1 {
-		a, err := l.existing(dev)
+		a, err := l.known(dev)
 		if err != nil || a == nil {
 			return err
 		}

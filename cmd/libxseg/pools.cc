@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "forked.h"
 #include "xseg.h"
 #include "_cgo_export.h"
 
@@ -88,6 +89,9 @@ DeviceRoutes* routes_of(int device) {
 } // namespace
 
 extern "C" void xseg_begin_allocate_to_pool(int device, xseg_pool_id id, xseg_stream_filter filter) {
+	if (xseg_forked) {
+		throw std::runtime_error(xseg_fork_error);
+	}
 	DeviceRoutes* r = routes_of(device);
 	if (r == nullptr || !filter) {
 		throw std::invalid_argument("xseg_begin_allocate_to_pool: device " + std::to_string(device) +
@@ -102,6 +106,9 @@ extern "C" void xseg_begin_allocate_to_pool(int device, xseg_pool_id id, xseg_st
 }
 
 extern "C" void xseg_end_allocate_to_pool(int device, xseg_pool_id id) {
+	if (xseg_forked) {
+		throw std::runtime_error(xseg_fork_error);
+	}
 	DeviceRoutes* r = routes_of(device);
 	if (r != nullptr) {
 		std::lock_guard<std::mutex> g(r->mu);
@@ -119,12 +126,16 @@ extern "C" void xseg_end_allocate_to_pool(int device, xseg_pool_id id) {
 }
 
 extern "C" void xseg_release_pool(int device, xseg_pool_id id) {
+	if (xseg_forked) {
+		throw std::runtime_error(xseg_fork_error);
+	}
 	if (xsegGoReleasePool(device, id.first, id.second) != 0) {
 		fail("xseg_release_pool");
 	}
 }
 
 extern "C" int xseg_pool_route(int device, void* stream, unsigned long long* first, unsigned long long* second) {
+	XSEG_FORK_GUARD(-1);
 	DeviceRoutes* r = routes_of(device);
 	if (r == nullptr || r->active.load(std::memory_order_acquire) == 0) {
 		return 0;
@@ -155,6 +166,7 @@ extern "C" int xseg_pool_route(int device, void* stream, unsigned long long* fir
 }
 
 extern "C" int xseg_begin_region(int device, const char* tag) {
+	XSEG_FORK_GUARD(-1);
 	unsigned long long first = 0, second = 0;
 	// Checks the name and the device, and makes the tag.
 	if (xsegGoTag(device, const_cast<char*>(tag), &first, &second) != 0) {
@@ -177,6 +189,7 @@ extern "C" int xseg_begin_region(int device, const char* tag) {
 }
 
 extern "C" int xseg_end_region(int device) {
+	XSEG_FORK_GUARD(-1);
 	DeviceRoutes* r = routes_of(device);
 	if (r != nullptr) {
 		const std::thread::id self = std::this_thread::get_id();

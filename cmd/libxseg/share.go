@@ -247,14 +247,21 @@ func xsegGoShare(ptr C.uintptr_t, device, importers C.int, out unsafe.Pointer, c
 	n = -1
 	defer catch("xseg_share")
 	drainFrees()
+	if out == nil {
+		fail("xseg_share", fmt.Errorf("%#x on device %d: out is NULL: %w", uintptr(ptr), int(device), vmm.ErrInvalid))
+		return -1
+	}
 	b, err := shared.share(vmm.DevicePtr(ptr), int(device), int(importers))
 	if err != nil {
 		fail("xseg_share", fmt.Errorf("%#x on device %d: %w", uintptr(ptr), int(device), err))
 		return -1
 	}
-	if uint64(len(b)) > uint64(capacity) || out == nil {
-		err := shared.unshare(b)
-		fail("xseg_share", fmt.Errorf("the descriptor takes %d bytes, the buffer has %d (share undone: %v): %w", len(b), uint64(capacity), err, vmm.ErrInvalid))
+	if uint64(len(b)) > uint64(capacity) {
+		undone := "the share is undone"
+		if err := shared.unshare(b); err != nil {
+			undone = fmt.Sprintf("undoing the share failed: %v", err)
+		}
+		fail("xseg_share", fmt.Errorf("the descriptor takes %d bytes, the buffer has %d (%s): %w", len(b), uint64(capacity), undone, vmm.ErrInvalid))
 		return -1
 	}
 	copy(unsafe.Slice((*byte)(out), len(b)), b)

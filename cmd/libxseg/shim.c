@@ -2,14 +2,32 @@
 // export of the same name (xsegGo...), which take and return integers only:
 // no Go function ever holds a C pointer-typed value such as a stream handle
 // of 0x1 or 0x2, which the Go runtime would take for a bad pointer.
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 
+#include "forked.h"
 #include "freequeue.h"
 #include "xseg.h"
 #include "_cgo_export.h"
 
 struct xseg_fq xseg_fq;
+
+/* A child forked after the library loaded has only the forking thread: the
+ * Go runtime's other threads (its start-up, the GC's, its scheduler's) are
+ * gone, and a call into Go may wait forever for one of them, or find a
+ * lock a vanished thread held. So every entry point refuses in such a
+ * child (XSEG_FORK_GUARD), and the error functions say why. */
+volatile int xseg_forked;
+
+static void note_fork(void) { xseg_forked = 1; }
+
+__attribute__((constructor)) static void watch_fork(void) { pthread_atfork(NULL, NULL, note_fork); }
+
+const char xseg_fork_error[] =
+    "xseg: this process was forked after libxseg was loaded, and the Go runtime inside it does not survive fork(): "
+    "xseg refuses every call here (start worker processes with the spawn or forkserver method, or load xseg after "
+    "forking)";
 
 static void fq_lock(void) {
 	for (int spins = 0; __atomic_exchange_n(&xseg_fq.lock, 1, __ATOMIC_ACQUIRE); spins++) {
@@ -127,6 +145,7 @@ uint64_t xseg_fq_malloc(ssize_t size, int device, uint64_t stream, char** err, i
 }
 
 void* xseg_malloc(ssize_t size, int device, void* stream) {
+	XSEG_FORK_GUARD(NULL);
 	unsigned long long first, second;
 	switch (xseg_pool_route(device, stream, &first, &second)) {
 	case 0:
@@ -140,28 +159,37 @@ void* xseg_malloc(ssize_t size, int device, void* stream) {
 }
 
 void* xseg_malloc_in_pool(ssize_t size, int device, void* stream, unsigned long long first, unsigned long long second) {
+	XSEG_FORK_GUARD(NULL);
 	return (void*)xsegGoMallocInPool(size, device, (uintptr_t)stream, first, second, NULL, NULL);
 }
 
 void* xseg_malloc_at_most(size_t max, size_t min, int device, void* stream, size_t* size) {
+	XSEG_FORK_GUARD(NULL);
 	return (void*)xsegGoMallocAtMost(max, min, device, (uintptr_t)stream, size);
 }
 
-int xseg_free_block(void* ptr, int device) { return xsegGoFreeBlock((uintptr_t)ptr, device); }
+int xseg_free_block(void* ptr, int device) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoFreeBlock((uintptr_t)ptr, device);
+}
 
 int xseg_pool_retain(int device, unsigned long long first, unsigned long long second) {
+	XSEG_FORK_GUARD(-1);
 	return xsegGoPoolRetain(device, first, second);
 }
 
 int xseg_pool_release(int device, unsigned long long first, unsigned long long second) {
+	XSEG_FORK_GUARD(-1);
 	return xsegGoReleasePool(device, first, second);
 }
 
 char* xseg_pool_json(int device, unsigned long long first, unsigned long long second, int checkpoint) {
+	XSEG_FORK_GUARD(NULL);
 	return xsegGoPoolJSON(device, first, second, checkpoint);
 }
 
 char* xseg_pool_restore(int device, const char* checkpoint, size_t len) {
+	XSEG_FORK_GUARD(NULL);
 	return xsegGoPoolRestore(device, (char*)checkpoint, len);
 }
 
@@ -169,6 +197,7 @@ char* xseg_pool_restore(int device, const char* checkpoint, size_t len) {
 // which applies it at its next call from any thread. A full queue, or a
 // configuration that wants each free at once, frees through Go now.
 void xseg_free(void* ptr, ssize_t size, int device, void* stream) {
+	XSEG_FORK_GUARD();
 	if (ptr == NULL || xseg_fq_push((uintptr_t)ptr, device)) {
 		return;
 	}
@@ -176,34 +205,61 @@ void xseg_free(void* ptr, ssize_t size, int device, void* stream) {
 }
 
 int xseg_record_stream(void* ptr, void* stream) {
+	XSEG_FORK_GUARD(-1);
 	return xsegGoRecordStream((uintptr_t)ptr, (uintptr_t)stream);
 }
 
-char* xseg_stats_json(int device) { return xsegGoStatsJSON(device); }
+char* xseg_stats_json(int device) {
+	XSEG_FORK_GUARD(NULL);
+	return xsegGoStatsJSON(device);
+}
 
-char* xseg_snapshot_json(int device) { return xsegGoSnapshotJSON(device); }
+char* xseg_snapshot_json(int device) {
+	XSEG_FORK_GUARD(NULL);
+	return xsegGoSnapshotJSON(device);
+}
 
 void xseg_string_free(char* s) { free(s); }
 
-int xseg_empty_cache(int device) { return xsegGoEmptyCache(device); }
+int xseg_empty_cache(int device) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoEmptyCache(device);
+}
 
-int xseg_reset_peak_stats(int device) { return xsegGoResetPeakStats(device); }
+int xseg_reset_peak_stats(int device) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoResetPeakStats(device);
+}
 
-int xseg_reset_accumulated_stats(int device) { return xsegGoResetAccumulatedStats(device); }
+int xseg_reset_accumulated_stats(int device) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoResetAccumulatedStats(device);
+}
 
-int xseg_configure(const char* conf) { return xsegGoConfigure((char*)conf); }
+int xseg_configure(const char* conf) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoConfigure((char*)conf);
+}
 
-int xseg_set_log_level(const char* level) { return xsegGoSetLogLevel((char*)level); }
+int xseg_set_log_level(const char* level) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoSetLogLevel((char*)level);
+}
 
 ssize_t xseg_share(void* ptr, int device, void* out, size_t cap) {
+	XSEG_FORK_GUARD(-1);
 	return xsegGoShare((uintptr_t)ptr, device, 0, out, cap);
 }
 
 ssize_t xseg_share_for(void* ptr, int device, int importers, void* out, size_t cap) {
+	XSEG_FORK_GUARD(-1);
 	return xsegGoShare((uintptr_t)ptr, device, importers, out, cap);
 }
 
-int xseg_unshare(const void* desc, size_t len) { return xsegGoUnshare((void*)desc, len); }
+int xseg_unshare(const void* desc, size_t len) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoUnshare((void*)desc, len);
+}
 
 static int64_t open_block(const void* desc, size_t len, int device, void** ptr, size_t* size, int wait) {
 	// Go checks every argument, NULL out-parameters included, before it
@@ -220,29 +276,55 @@ static int64_t open_block(const void* desc, size_t len, int device, void** ptr, 
 }
 
 int64_t xseg_open(const void* desc, size_t len, int device, void** ptr, size_t* size) {
+	XSEG_FORK_GUARD(-1);
 	return open_block(desc, len, device, ptr, size, 1);
 }
 
 int64_t xseg_open_nowait(const void* desc, size_t len, int device, void** ptr, size_t* size) {
+	XSEG_FORK_GUARD(-1);
 	return open_block(desc, len, device, ptr, size, 0);
 }
 
-int xseg_open_wait(int64_t handle) { return xsegGoOpenWait(handle); }
+int xseg_open_wait(int64_t handle) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoOpenWait(handle);
+}
 
-int xseg_close(int64_t handle) { return xsegGoClose(handle); }
+int xseg_close(int64_t handle) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoClose(handle);
+}
 
 int xseg_tag(int device, const char* name, unsigned long long* first, unsigned long long* second) {
+	XSEG_FORK_GUARD(-1);
 	return xsegGoTag(device, (char*)name, first, second);
 }
 
-int xseg_pause(int device, const char* tag, int backup) { return xsegGoPause(device, (char*)tag, backup); }
+int xseg_pause(int device, const char* tag, int backup) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoPause(device, (char*)tag, backup);
+}
 
-int xseg_resume(int device, const char* tag) { return xsegGoResume(device, (char*)tag); }
+int xseg_resume(int device, const char* tag) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoResume(device, (char*)tag);
+}
 
-char* xseg_tag_stats_json(int device, const char* tag) { return xsegGoTagStatsJSON(device, (char*)tag); }
+char* xseg_tag_stats_json(int device, const char* tag) {
+	XSEG_FORK_GUARD(NULL);
+	return xsegGoTagStatsJSON(device, (char*)tag);
+}
 
-char* xseg_tags_json(int device) { return xsegGoTagsJSON(device); }
+char* xseg_tags_json(int device) {
+	XSEG_FORK_GUARD(NULL);
+	return xsegGoTagsJSON(device);
+}
 
 const char* xseg_version(void) { return XSEG_VERSION; }
 
-const char* xseg_last_error(void) { return xsegGoLastError(); }
+const char* xseg_last_error(void) {
+	if (xseg_forked) {
+		return xseg_fork_error;
+	}
+	return xsegGoLastError();
+}

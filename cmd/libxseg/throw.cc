@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "forked.h"
 #include "freequeue.h"
 #include "xseg.h"
 #include "_cgo_export.h"
@@ -67,9 +68,17 @@ namespace {
 	throw std::runtime_error(msg);
 }
 
+// refuseForked throws in a child forked after the library loaded (shim.c).
+void refuseForked() {
+	if (xseg_forked) {
+		throw std::runtime_error(xseg_fork_error);
+	}
+}
+
 }  // namespace
 
 extern "C" void* xseg_malloc_or_throw(ssize_t size, int device, void* stream) {
+	refuseForked();
 	char* err = nullptr;
 	int oom = 0;
 	unsigned long long first = 0, second = 0;
@@ -87,18 +96,21 @@ extern "C" void* xseg_malloc_or_throw(ssize_t size, int device, void* stream) {
 }
 
 extern "C" void xseg_empty_cache_hook(void) {
+	refuseForked();
 	if (xsegGoEmptyCacheHook() != 0) {
 		throw std::runtime_error(std::string("xseg: empty_cache: ") + xseg_thread_error());
 	}
 }
 
 extern "C" void xseg_record_stream_hook(void* ptr, cudaStream_t stream) {
+	refuseForked();
 	if (xseg_record_stream(ptr, stream) < 0) {
 		throw std::runtime_error(std::string("xseg: record_stream: ") + xseg_thread_error());
 	}
 }
 
 extern "C" void xseg_memory_fraction_hook(double fraction, int device) {
+	refuseForked();
 	xseg_set_memory_fraction(fraction, device);
 	double now = -1;
 	if (xseg_memory_fraction(device, &now) != 0 || now != fraction) {

@@ -610,7 +610,7 @@ func (h *Heap) RecordStream(ptr vmm.DevicePtr, s vmm.Stream) error {
 	}
 	b := h.mu.blocks[ptr]
 	if b == nil || b.state != stAllocated {
-		return fmt.Errorf("recording stream %#x for %v: not an allocated block: %w", uintptr(s), ptr, vmm.ErrInvalid)
+		return fmt.Errorf("recording stream %#x for %v: %w", uintptr(s), ptr, spec.ErrNotAllocated)
 	}
 	if s == b.seg.Stream {
 		return nil

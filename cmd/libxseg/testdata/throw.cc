@@ -41,8 +41,14 @@ int main(int argc, char** argv) {
 
 	void* p = m(1 << 20, 0, nullptr);
 	if (!p || m(0, 0, nullptr) != nullptr) FAIL("1 MiB gave %p", p);
-	record(p, reinterpret_cast<cudaStream_t>(0x77));      // host backend: any stream handle
+	record(p, nullptr);                                     // the block's own stream
 	record(reinterpret_cast<void*>(0x1000), nullptr);       // not xseg's: quiet
+	try {
+		record(p, reinterpret_cast<cudaStream_t>(0x77));  // xseg's block, a stream that is not live
+		FAIL("recording a stream that is not live did not throw");
+	} catch (const std::runtime_error& e) {
+		if (!std::strstr(e.what(), "not a live stream")) FAIL("record_stream: %s", e.what());
+	}
 	f(p, 1 << 20, 0, nullptr);
 	empty();
 
