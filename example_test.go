@@ -101,7 +101,7 @@ func ExampleAllocator_AllocAtMost() {
 		log.Fatal(err)
 	}
 	// Output:
-	// got MiB: 54
+	// got MiB: 64
 }
 
 // A memory limit caps what the allocator reserves, as PyTorch's

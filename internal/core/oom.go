@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/xseg-dev/xseg/vmm"
@@ -223,16 +224,20 @@ func (h *Heap) logOOM(msg string, req uint64, err error, args ...any) {
 const maxShrinks = 64
 
 // AllocAtMost returns the largest block it can get of at most max and at
-// least min bytes, and its size: it tries max, then shrinks the request by
-// the configured size factor, by at least max/64 and one small page a step,
-// down to min; at most 65 attempts. Only the attempt at min runs the whole
-// OOM policy (waits and retries).
+// least min bytes, and its size: it tries max, or the most there is room
+// for if that is less (atMostRoom), then shrinks the request by the
+// configured size factor, by at least a 64th of the first try and one
+// small page a step, down to min; at most 65 attempts. Only the attempt at
+// min runs the whole OOM policy (waits and retries).
 func (h *Heap) AllocAtMost(max, min uint64, s vmm.Stream) (vmm.DevicePtr, uint64, error) {
 	if min == 0 || min > max {
 		return 0, 0, fmt.Errorf("allocating between %d and %d bytes: %w", min, max, vmm.ErrInvalid)
 	}
-	step := h.minShrink(max)
 	size := max
+	if room := h.atMostRoom() &^ (MinBlock - 1); room < size {
+		size = room // below min, the first try is min's
+	}
+	step := h.minShrink(size)
 	for {
 		final := size <= min
 		if final {
@@ -244,6 +249,30 @@ func (h *Heap) AllocAtMost(max, min uint64, s vmm.Stream) (vmm.DevicePtr, uint64
 		}
 		size = h.shrink(size, step)
 	}
+}
+
+// atMostRoom is the most any one block could have now: the device's free
+// memory and the bytes the Heap holds mapped but not in use, within the
+// memory limit if one is set; the largest value when the driver cannot
+// say. Starting there, AllocAtMost does not spend its attempts on sizes no
+// device could give (a max of 1 TiB on an 80 GiB card).
+func (h *Heap) atMostRoom() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	free, _, err := h.drv.MemInfo(h.dev)
+	if err != nil {
+		return math.MaxUint64
+	}
+	reserved := uint64(max(0, h.mu.stats.ReservedBytes.All.Current))
+	idle := reserved - min(reserved, uint64(max(0, h.mu.bstats.allCurrent()[hActiveBytes])))
+	room := free + idle
+	if room < free {
+		room = math.MaxUint64
+	}
+	if lim := h.mu.memLimit; lim.on {
+		room = min(room, lim.bytes-min(lim.bytes, reserved)+idle)
+	}
+	return room
 }
 
 // minShrink is the least step of AllocAtMost from max: max/maxShrinks
