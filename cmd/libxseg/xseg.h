@@ -12,6 +12,12 @@
  * makes that first use fail, and every later one with the same reason. A
  * function that fails returns NULL or -1 and keeps the reason for
  * xseg_last_error.
+ *
+ * The Go runtime inside the library does not survive fork(): in a child
+ * forked after the library was loaded every function fails at once (void
+ * ones do nothing, the throwing ones throw) and xseg_last_error says why.
+ * Start worker processes with the spawn or forkserver method, or fork
+ * before loading the library.
  */
 #ifndef XSEG_H
 #define XSEG_H
@@ -122,7 +128,8 @@ void xseg_free(void* ptr, ssize_t size, int device, void* stream);
 /* xseg_record_stream marks the block that starts at ptr as used on stream
  * too: once freed, it is reused only after the work queued on stream by then
  * has finished. Returns 0 when recorded, 1 when ptr is not a block of xseg
- * (nothing done), -1 on failure. */
+ * (nothing done), -1 on failure (a block of xseg and a stream that is not
+ * live, say). */
 int xseg_record_stream(void* ptr, void* stream);
 
 /* xseg_free_block is xseg_free that reports: 0, or -1 (with the reason in
