@@ -239,6 +239,78 @@ def test_integer_arguments_are_checked_not_wrapped():
         xseg.free(_Index(p))
 
 
+class _HasIndex:
+    """A device of torch.device's shape: an ``index`` attribute."""
+
+    def __init__(self, index):
+        self.index = index
+
+
+def test_device_arguments_are_checked():
+    # The functions that take PyTorch's device argument map None to the
+    # current device (0 without torch) and accept ints, integers of other
+    # types (__index__: numpy's) and torch.device-like objects; anything
+    # else raises TypeError naming the argument, instead of meaning
+    # device 0.
+    from xseg._torch import _device
+    assert [_device(d) for d in (None, 0, 1, 7, _Index(1), _HasIndex(1), _HasIndex(_Index(2)), _HasIndex(None))] \
+        == [0, 0, 1, 7, 1, 1, 2, 0]
+    assert xseg.stats()["device"] == 0 and xseg.stats(None)["device"] == 0
+    assert xseg.stats(_Index(0))["device"] == 0 and xseg.stats(_HasIndex(0))["device"] == 0
+    assert xseg.memory_allocated(_Index(0)) == xseg.memory_allocated(0)
+    bad = [1.5, 2.0, [1], (1,), True, False, b"1", object(), _HasIndex(1.0), _HasIndex(True)]
+    for arg in bad:
+        with pytest.raises(TypeError, match="device argument") as e:
+            xseg.stats(arg)
+        assert type(arg).__name__ in str(e.value) or type(arg.index).__name__ in str(e.value)
+    with pytest.raises(TypeError, match="device argument.*not float"):
+        xseg.memory_allocated(2.0)
+    with pytest.raises(TypeError, match="device argument.*not list"):
+        xseg.tag_stats("t", [0])
+    with pytest.raises(ValueError, match="negative"):
+        xseg.stats(_Index(-1))
+    with pytest.raises(ValueError, match="negative"):
+        xseg.stats(_HasIndex(-1))
+
+
+def test_pool_ids_are_pairs():
+    before = xseg.last_error()
+    for call in (lambda pool: xseg.pool_retain(0, pool), lambda pool: xseg.pool_release(0, pool),
+                 lambda pool: xseg.pool_allocations(pool, 0), lambda pool: _lib.malloc_in_pool(4096, pool)):
+        for pool in ((1,), (1, 2, 3), [], [7]):
+            with pytest.raises(ValueError, match=r"pool id is a pair of integers \(first, second\), not \d values"):
+                call(pool)
+        for pool in (5, None, "ab", b"ab"):
+            with pytest.raises(TypeError, match=r"pool id is a pair of integers \(first, second\), not "
+                                                + type(pool).__name__):
+                call(pool)
+        with pytest.raises(TypeError, match="argument 2 must be an integer, not float|argument 4"):
+            call((1.0, 2))
+    assert xseg.last_error() == before  # none of them reached the library
+
+
+def test_set_memory_fraction_reports_its_own_failure(run_py):
+    # The setter is void in C: its failure is the thread's error, which the
+    # read-back's failure must not hide; a stale one must not fail a good
+    # call. (A process of its own: the fraction set stays.)
+    got = last_json(run_py("""
+        out = []
+        for dev in (9, 9):  # the same failure again is reported again
+            try:
+                xseg.set_memory_fraction(0.3, dev)
+                out.append("no error")
+            except xseg.XsegError as e:
+                out.append(str(e))
+        xseg.set_memory_fraction(0.5, 0)
+        out.append(xseg.memory_fraction(0))
+        print(json.dumps(out))
+    """))
+    for msg in got[:2]:
+        assert msg.startswith("xseg: set_memory_fraction(0.3, 9) failed: xseg_set_memory_fraction: device 9"), got
+        assert "xseg_memory_fraction:" not in msg, got
+    assert got[2] == 0.5, got
+
+
 def test_strings_with_nul_raise():
     with pytest.raises(ValueError, match="NUL"):
         xseg.configure("oom_max_retries:1\0,shareable:true")

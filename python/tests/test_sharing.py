@@ -155,6 +155,21 @@ def test_unshare_of_an_unknown_descriptor():
         xseg.unshare(b"")
 
 
+def test_descriptors_must_be_bytes_like():
+    before = xseg.last_error()
+    for arg in ("abc", 5, None, [1, 2], 1.5):
+        for call in (xseg.open_block, xseg.unshare):
+            with pytest.raises(TypeError, match=r"needs a descriptor \(bytes-like.*\), not "
+                                                + type(arg).__name__):
+                call(arg)
+    assert xseg.last_error() == before  # none of them reached the library
+    for desc in (bytearray(b"garbage"), memoryview(b"garbage")):  # bytes-like: the library says no
+        with pytest.raises(xseg.XsegError):
+            xseg.unshare(desc)
+        with pytest.raises(xseg.XsegError):
+            xseg.open_block(desc)
+
+
 def test_open_of_garbage_is_an_error_not_a_crash(run_py):
     proc = run_py("""
         import ctypes, random

@@ -328,9 +328,22 @@ def set_memory_fraction(fraction: float, device: int) -> None:
     f = float(fraction)
     if not 0.0 <= f <= 1.0:
         raise ValueError(f"xseg: memory fraction {fraction!r} is not in [0, 1]")
-    load().xseg_set_memory_fraction(f, device)
-    if memory_fraction(device) != f:
-        raise XsegError(f"xseg: set_memory_fraction({f}, {device}) failed: {thread_error()}")
+    lib = load()
+    before = thread_error()
+    lib.xseg_set_memory_fraction(f, device)
+    # The setter is void: its failure shows only as the thread's error,
+    # which a later failure of this thread (the read-back's) replaces.
+    err = thread_error()
+    failed = err != before or (err or "").startswith("xseg_set_memory_fraction:")
+    try:
+        got = memory_fraction(device)
+    except XsegError:
+        if not failed:
+            raise
+        got = None
+    if got != f:
+        reason = err if failed else f"the fraction reads back as {got}"
+        raise XsegError(f"xseg: set_memory_fraction({f}, {device}) failed: {reason}")
 
 
 def memory_fraction(device: int) -> float:
@@ -429,10 +442,25 @@ def share_block(ptr: int, device: int = 0, importers: int = 0) -> bytes:
     return ctypes.string_at(buf, n)
 
 
+def _descriptor(desc: Any, what: str) -> bytes:
+    """desc, a descriptor from share_block, as bytes: it may be any
+    bytes-like object (bytes, bytearray, memoryview); anything else (a str,
+    an int) raises TypeError."""
+    if type(desc) is bytes:
+        return desc
+    try:
+        return memoryview(desc).tobytes()
+    except TypeError:
+        pass
+    raise TypeError(f"xseg: {what} needs a descriptor (bytes-like, from share_block), "
+                    f"not {type(desc).__name__} ({desc!r:.60})")
+
+
 def unshare(desc: bytes) -> None:
-    """Stop serving new importers of desc; importers that opened it keep
-    their mapping."""
-    check(load().xseg_unshare(bytes(desc), len(desc)), "unshare")
+    """Stop serving new importers of desc (bytes-like, from share_block);
+    importers that opened it keep their mapping."""
+    d = _descriptor(desc, "unshare")
+    check(load().xseg_unshare(d, len(d)), "unshare")
 
 
 class Mapping:
@@ -473,8 +501,9 @@ def open_block(desc: bytes, device: int = 0, wait: bool = True) -> Mapping:
     """Map the block that desc (from share_block in any process) names, for
     device. It stays valid after the exporter exits. wait=False returns
     before the exporter has granted the lease: call the Mapping's wait()
-    before reading or writing its bytes."""
-    d = desc if type(desc) is bytes else bytes(desc)
+    before reading or writing its bytes. desc may be any bytes-like object;
+    anything else raises TypeError."""
+    d = _descriptor(desc, "open_block")
     ptr, size = ctypes.c_void_p(), ctypes.c_size_t()
     lib = load()
     fn = lib.xseg_open if wait else lib.xseg_open_nowait
@@ -486,21 +515,45 @@ def open_block(desc: bytes, device: int = 0, wait: bool = True) -> Mapping:
 
 # Private pools (CUDA graphs, torch.cuda.MemPool).
 
+def _pool_id(pool: Any, what: str) -> Tuple[Any, Any]:
+    """pool, a private pool's id, as its two parts (first, second): it is a
+    pair, such as a tag's id from tag() or a MemPool's. TypeError for a
+    value that is not iterable (or is a str or bytes), ValueError for one
+    of another length; the parts' own checks come with the call (TypeError
+    unless integers, OverflowError outside [0, 2**64))."""
+    if isinstance(pool, (str, bytes, bytearray)):
+        parts = None
+    else:
+        try:
+            parts = tuple(pool)
+        except TypeError:
+            parts = None
+    if parts is None:
+        raise TypeError(f"xseg: {what}: a pool id is a pair of integers (first, second), "
+                        f"not {type(pool).__name__} ({pool!r:.60})")
+    if len(parts) != 2:
+        raise ValueError(f"xseg: {what}: a pool id is a pair of integers (first, second), "
+                         f"not {len(parts)} values ({pool!r:.60})")
+    return parts[0], parts[1]
+
+
 def pool_retain(device: int, pool: Tuple[int, int]) -> None:
     """Make private pool ``pool`` (a pair of ints) on device if need be and
     hold one more use of it."""
-    check(load().xseg_pool_retain(device, pool[0], pool[1]), "pool_retain")
+    first, second = _pool_id(pool, "pool_retain")
+    check(load().xseg_pool_retain(device, first, second), "pool_retain")
 
 
 def pool_release(device: int, pool: Tuple[int, int]) -> None:
     """Drop one use of private pool ``pool``; the last gives its memory
     back."""
-    check(load().xseg_pool_release(device, pool[0], pool[1]), "pool_release")
+    first, second = _pool_id(pool, "pool_release")
+    check(load().xseg_pool_release(device, first, second), "pool_release")
 
 
 def pool_allocations(pool: Tuple[int, int], device: int) -> List[int]:
     """Addresses of the blocks allocated now in private pool ``pool``."""
-    first, second = pool
+    first, second = _pool_id(pool, "pool_allocations")
     return call_json(lambda lib: lib.xseg_pool_json(device, first, second, 0), "pool_allocations")
 
 
@@ -511,7 +564,8 @@ def malloc_in_pool(size: int, pool: Tuple[int, int], device: int = 0, stream: in
     size = _integer(size, "malloc_in_pool's size")
     if size < 0:
         raise ValueError(f"xseg: malloc_in_pool of a negative size {size}")
-    p = load().xseg_malloc_in_pool(size, device, stream or None, pool[0], pool[1])
+    first, second = _pool_id(pool, "malloc_in_pool")
+    p = load().xseg_malloc_in_pool(size, device, stream or None, first, second)
     if not p and size:
         _raise_alloc("malloc_in_pool", size)
     return p or 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import operator
 import sys
 import threading
 import weakref
@@ -38,22 +39,52 @@ def _torch() -> Any:
 
 
 def _device(device: Any = None) -> int:
-    """A device ordinal from an int, "cuda:N", a torch.device or None (torch's
-    current device once CUDA is initialized, else 0)."""
+    """A device ordinal from None (torch's current device once CUDA is
+    initialized, else 0), an int or any integer with __index__ (numpy's,
+    torch's), "cuda:N" (needs torch), or a torch.device or other object with
+    an ``index`` attribute (None there means the current device too). A
+    bool, or a value of any other type, raises TypeError; a negative
+    ordinal ValueError."""
     if isinstance(device, bool):
-        raise TypeError(f"xseg: {device!r} is not a device")
-    if isinstance(device, int):
-        if device < 0:
-            raise ValueError(f"xseg: device {device} is negative")
-        return device
+        raise TypeError(f"xseg: the device argument must be an int, a torch.device, a str or None, "
+                        f"not bool ({device!r})")
+    if device is None:
+        return _current_device()
+    try:
+        ordinal = operator.index(device)
+    except TypeError:
+        pass
+    else:
+        if ordinal < 0:
+            raise ValueError(f"xseg: device {ordinal} is negative")
+        return ordinal
     torch = sys.modules.get("torch")
     if isinstance(device, str):
         if torch is None:
             raise ValueError(f"xseg: device {device!r} needs torch to parse")
         device = torch.device(device)
     index = getattr(device, "index", None)
-    if index is not None:
-        return int(index)
+    if index is None:
+        if not hasattr(device, "index"):
+            raise TypeError(f"xseg: the device argument must be an int, a torch.device, a str or None, "
+                            f"not {type(device).__name__} ({device!r:.60})")
+        return _current_device()  # torch.device("cuda"): no index
+    if isinstance(index, bool) or callable(index):  # a list's or tuple's index method
+        raise TypeError(f"xseg: the device argument must be an int, a torch.device, a str or None, "
+                        f"not {type(device).__name__} ({device!r:.60})")
+    try:
+        ordinal = operator.index(index)
+    except TypeError:
+        raise TypeError(f"xseg: the device argument's index must be an integer, not "
+                        f"{type(index).__name__} ({type(device).__name__} {device!r:.60})") from None
+    if ordinal < 0:
+        raise ValueError(f"xseg: device {ordinal} is negative")
+    return ordinal
+
+
+def _current_device() -> int:
+    """torch's current device once CUDA is initialized, else 0."""
+    torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return int(torch.cuda.current_device())
     return 0
@@ -160,7 +191,7 @@ def pool_allocations(pool: Tuple[int, int], device: Any = None) -> List[int]:
     """Addresses of the blocks allocated now in private pool ``pool`` (a
     ``torch.cuda.graph_pool_handle()``, ``CUDAGraph.pool()`` or
     ``MemPool.id``) on device (default the current one), sorted."""
-    return _lib.pool_allocations(tuple(pool), _device(device))  # type: ignore[arg-type]
+    return _lib.pool_allocations(pool, _device(device))
 
 
 # torch.cuda.memory_stats: PyTorch's nested shape. Keys of PyTorch's
