@@ -1,8 +1,11 @@
 package spec
 
 import (
+	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +26,10 @@ const (
 // MaxOOMRetries bounds Config.OOMMaxRetries: with the capped backoff a
 // thousand retries already sleep over an hour in one allocation.
 const MaxOOMRetries = 1000
+
+// MaxOOMWait bounds Config.OOMDelay and Config.OOMWait: an allocation that
+// fails is not held up for days by a typo.
+const MaxOOMWait = time.Hour
 
 // MaxConfigLen bounds the length of a configuration string: the dozen
 // keys fit in a few hundred bytes, and an error must not echo megabytes.
@@ -80,8 +87,9 @@ type Config struct {
 	SizeClasses bool
 	// ChunkBytes: a growth of the expandable allocator at the end of its
 	// range backs the pages that lie wholly inside the block it grows for
-	// with physical allocations ("chunks") of up to this many bytes, a
-	// multiple of the pool's page size, each mapped with one Map, instead
+	// with physical allocations ("chunks") of up to this many bytes,
+	// rounded down to whole pages of the pool (less than two pages: no
+	// chunks for it), each mapped with one Map, instead
 	// of one allocation a page (the page the block ends in, which a later
 	// block may share, stays a page of its own; so do growths into holes
 	// inside the range, and growths that stay within the most the
@@ -108,9 +116,9 @@ type Config struct {
 	// processes hold; at most MaxOOMRetries. Each delay is capped at the
 	// smaller of 5 s and 50 times OOMDelay.
 	OOMMaxRetries int
-	OOMDelay      time.Duration
+	OOMDelay      time.Duration // at most MaxOOMWait
 	// OOMWait: wait up to this long for frees by other goroutines of this
-	// process before failing. 0: do not wait.
+	// process before failing, at most MaxOOMWait. 0: do not wait.
 	OOMWait time.Duration
 	// OOMSizeFactor: AllocAtMost shrinks its request by this factor at
 	// each step, in (0, 1), and by at least 1/64 of its first request.
@@ -175,7 +183,7 @@ func (c Config) Validate() error {
 	case c.LargePageSize > TiB:
 		return fmt.Errorf("config: large_page_mb: a page of %d bytes is larger than 1 TiB (1048576 MiB): %w", c.LargePageSize, vmm.ErrInvalid)
 	case c.SmallLimit > c.SmallPageSize:
-		return fmt.Errorf("config: small_limit_kb (%d bytes) must be at most the small page size %d", c.SmallLimit, c.SmallPageSize)
+		return fmt.Errorf("config: small_limit_kb (%d bytes) must be at most the small page size %d: %w", c.SmallLimit, c.SmallPageSize, vmm.ErrInvalid)
 	case c.ChunkBytes > TiB:
 		return fmt.Errorf("config: chunk_mb: a chunk of %d bytes is larger than 1 TiB (1048576 MiB): %w", c.ChunkBytes, vmm.ErrInvalid)
 	case c.SizeClasses && !c.RecyclePages:
@@ -183,36 +191,18 @@ func (c Config) Validate() error {
 	case c.ChunkMinBytes > TiB:
 		return fmt.Errorf("config: chunk_min_mb: %d bytes is more than 1 TiB (1048576 MiB): %w", c.ChunkMinBytes, vmm.ErrInvalid)
 	case c.OOMMaxRetries < 0 || c.OOMMaxRetries > MaxOOMRetries:
-		return fmt.Errorf("config: oom_max_retries %d is not in [0, %d]", c.OOMMaxRetries, MaxOOMRetries)
+		return fmt.Errorf("config: oom_max_retries %d is not in [0, %d]: %w", c.OOMMaxRetries, MaxOOMRetries, vmm.ErrInvalid)
 	case c.OOMDelay < 0 || c.OOMWait < 0:
-		return fmt.Errorf("config: oom_delay_ms and oom_wait_ms must not be negative")
+		return fmt.Errorf("config: oom_delay_ms and oom_wait_ms must not be negative: %w", vmm.ErrInvalid)
+	case c.OOMDelay > MaxOOMWait || c.OOMWait > MaxOOMWait:
+		return fmt.Errorf("config: oom_delay_ms and oom_wait_ms are at most %d (an hour): %v and %v: %w", MaxOOMWait.Milliseconds(), c.OOMDelay, c.OOMWait, vmm.ErrInvalid)
 	case !(c.OOMSizeFactor > 0 && c.OOMSizeFactor < 1):
-		return fmt.Errorf("config: oom_size_factor %v is not in (0, 1)", c.OOMSizeFactor)
+		return fmt.Errorf("config: oom_size_factor %v is not in (0, 1): %w", c.OOMSizeFactor, vmm.ErrInvalid)
 	}
 	return nil
 }
 
-// Keys of the XSEG_CONF syntax, with what they set:
-//
-//	small_page_mb, large_page_mb   SmallPageSize, LargePageSize (MiB)
-//	small_limit_kb                 SmallLimit (KiB; 0: no small pool)
-//	release_threshold_mb           ReleaseThreshold (MiB, 0 = off)
-//	page_cache_mb                  PageCacheBytes (MiB)
-//	oom_max_retries                OOMMaxRetries
-//	oom_delay_ms, oom_wait_ms      OOMDelay, OOMWait (milliseconds)
-//	oom_size_factor                OOMSizeFactor
-//	oom_verbose, shareable         OOMVerbose, Shareable (true/false/1/0)
-//	whole_pages                    WholePages (true/false/1/0)
-//	recycle_pages                  RecyclePages (true/false/1/0)
-//	size_classes                   SizeClasses (true/false/1/0)
-//	chunk_mb                       ChunkBytes (MiB, 0 = off)
-//	chunk_min_mb                   ChunkMinBytes (MiB)
-//	policy                         "classic": the page policy of
-//	                               ClassicConfig (before the keys after it);
-//	                               "default": DefaultConfig's
-//
-// and the seed allocator's names OOM_MAX_RETRIES, OOM_DELAY_MS,
-// OOM_SIZE_FACTOR and OOM_VERBOSE as aliases.
+// configKeys are the keys of the XSEG_CONF syntax (ParseConfig lists them).
 var configKeys = map[string]func(c *Config, v string) error{
 	"small_page_mb":        mib(func(c *Config) *uint64 { return &c.SmallPageSize }, MiB),
 	"large_page_mb":        mib(func(c *Config) *uint64 { return &c.LargePageSize }, MiB),
@@ -260,10 +250,17 @@ var envAliases = map[string]string{
 }
 
 func mib(field func(*Config) *uint64, unit uint64) func(*Config, string) error {
+	name := "MiB"
+	if unit == KiB {
+		name = "KiB"
+	}
 	return func(c *Config, v string) error {
 		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil && !errors.Is(err, strconv.ErrRange) {
+			return fmt.Errorf("want a whole number of %s, without a unit: %s", name, quote(v))
+		}
 		if err != nil || n > math.MaxUint64/unit {
-			return fmt.Errorf("not a size that fits 64 bits of bytes: %s", quote(v))
+			return fmt.Errorf("%s %s is more bytes than 64 bits hold", quote(v), name)
 		}
 		*field(c) = n * unit
 		return nil
@@ -272,9 +269,12 @@ func mib(field func(*Config) *uint64, unit uint64) func(*Config, string) error {
 
 func millis(field func(*Config) *time.Duration) func(*Config, string) error {
 	return func(c *Config, v string) error {
-		n, err := strconv.ParseUint(v, 10, 32)
-		if err != nil {
-			return fmt.Errorf("not a number of milliseconds: %s", quote(v))
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil && !errors.Is(err, strconv.ErrRange) {
+			return fmt.Errorf("want a whole number of milliseconds: %s", quote(v))
+		}
+		if err != nil || n > uint64(MaxOOMWait.Milliseconds()) {
+			return fmt.Errorf("%s milliseconds is more than the %d (an hour) allowed", quote(v), MaxOOMWait.Milliseconds())
 		}
 		*field(c) = time.Duration(n) * time.Millisecond
 		return nil
@@ -293,9 +293,12 @@ func boolean(field func(*Config) *bool) func(*Config, string) error {
 }
 
 func setRetries(c *Config, v string) error {
-	n, err := strconv.ParseUint(v, 10, 16)
-	if err != nil {
-		return fmt.Errorf("not a count: %s", quote(v))
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return fmt.Errorf("want a whole number of retries: %s", quote(v))
+	}
+	if err != nil || n > MaxOOMRetries {
+		return fmt.Errorf("%s retries is more than the %d allowed", quote(v), MaxOOMRetries)
 	}
 	c.OOMMaxRetries = int(n)
 	return nil
@@ -314,7 +317,31 @@ func setFactor(c *Config, v string) error {
 // base and returns the result. Spaces around keys and values are ignored;
 // an empty s returns base. Unknown keys and bad values are errors that name
 // the key and quote at most the first 32 bytes of what is wrong; s may be
-// at most MaxConfigLen bytes long, and page sizes at most 1 TiB.
+// at most MaxConfigLen bytes long, and page sizes at most 1 TiB. Sizes and
+// durations are whole numbers in the key's unit, without a unit of their
+// own ("large_page_mb:20", not "20MiB").
+//
+// The keys, with the fields of Config they set:
+//
+//	small_page_mb, large_page_mb   SmallPageSize, LargePageSize (MiB)
+//	small_limit_kb                 SmallLimit (KiB; 0: no small pool)
+//	release_threshold_mb           ReleaseThreshold (MiB, 0 = off)
+//	page_cache_mb                  PageCacheBytes (MiB)
+//	oom_max_retries                OOMMaxRetries (at most MaxOOMRetries)
+//	oom_delay_ms, oom_wait_ms      OOMDelay, OOMWait (milliseconds, at most an hour)
+//	oom_size_factor                OOMSizeFactor (in (0, 1))
+//	oom_verbose, shareable         OOMVerbose, Shareable (true/false/1/0)
+//	whole_pages                    WholePages (true/false/1/0)
+//	recycle_pages                  RecyclePages (true/false/1/0)
+//	size_classes                   SizeClasses (true/false/1/0)
+//	chunk_mb                       ChunkBytes (MiB, 0 = off; whole pages)
+//	chunk_min_mb                   ChunkMinBytes (MiB)
+//	policy                         "classic": the page policy of
+//	                               ClassicConfig (before the keys after it);
+//	                               "default": DefaultConfig's
+//
+// and the seed allocator's names OOM_MAX_RETRIES, OOM_DELAY_MS,
+// OOM_SIZE_FACTOR and OOM_VERBOSE as aliases.
 func ParseConfig(base Config, s string) (Config, error) {
 	if len(s) > MaxConfigLen {
 		return base, fmt.Errorf("config: %d bytes, more than the %d a configuration may have: %w", len(s), MaxConfigLen, vmm.ErrInvalid)
@@ -347,12 +374,17 @@ func setKey(c *Config, key, val string) error {
 	}
 	set, ok := configKeys[name]
 	if !ok {
-		return fmt.Errorf("config: unknown key %s", quote(key))
+		return fmt.Errorf("config: unknown key %s (the keys: %s): %w", quote(key), keyList(), vmm.ErrInvalid)
 	}
 	if err := set(c, val); err != nil {
-		return fmt.Errorf("config: key %s: %w", quote(key), err)
+		return fmt.Errorf("config: key %s: %w: %w", quote(key), err, vmm.ErrInvalid)
 	}
 	return nil
+}
+
+// keyList is the keys of the XSEG_CONF syntax, sorted, for an error.
+func keyList() string {
+	return strings.Join(slices.Sorted(maps.Keys(configKeys)), ", ")
 }
 
 // ConfigFromEnv returns DefaultConfig changed first by the seed variables

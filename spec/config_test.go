@@ -132,7 +132,8 @@ func TestParseConfigErrorsShort(t *testing.T) {
 	} {
 		_, err := ParseConfig(DefaultConfig(), s)
 		require.Error(t, err)
-		require.Less(t, len(err.Error()), 200, "%.100s...", err)
+		// 200 bytes and, for an unknown key, the list of the keys.
+		require.Less(t, len(err.Error()), 200+len(keyList()), "%.100s...", err)
 		require.Contains(t, err.Error(), `7x7x7x"...`, "a prefix of the bad text is quoted")
 	}
 	c, err := ParseConfig(DefaultConfig(), strings.Repeat(" ", MaxConfigLen-20)+"oom_max_retries:4")
@@ -228,4 +229,32 @@ func TestStatAdd(t *testing.T) {
 	require.Equal(t, int64(11), s.All.Peak)
 	require.Equal(t, "small", Small.String())
 	require.Equal(t, "large", Large.String())
+}
+
+// The errors say what a value should be: a unit where none is taken, a
+// count past its bound, an unknown key with the keys there are.
+func TestParseConfigErrorsSayWhatIsWanted(t *testing.T) {
+	for s, want := range map[string]string{
+		"large_page_mb:20MiB":                "want a whole number of MiB, without a unit",
+		"small_limit_kb:1.5":                 "want a whole number of KiB",
+		"release_threshold_mb:-1":            "want a whole number of MiB",
+		"large_page_mb:99999999999999999999": "more bytes than 64 bits hold",
+		"oom_max_retries:99999":              "more than the 1000 allowed",
+		"oom_max_retries:5000":               "more than the 1000 allowed",
+		"oom_max_retries:x":                  "want a whole number of retries",
+		"oom_delay_ms:99999999999":           "more than the 3600000 (an hour) allowed",
+		"oom_wait_ms:3600001":                "more than the 3600000 (an hour) allowed",
+		"oom_delay_ms:1s":                    "want a whole number of milliseconds",
+		"foo:1":                              "unknown key \"foo\" (the keys: chunk_mb, chunk_min_mb, large_page_mb,",
+	} {
+		_, err := ParseConfig(DefaultConfig(), s)
+		require.ErrorIs(t, err, vmm.ErrInvalid, s)
+		require.ErrorContains(t, err, want, s)
+	}
+	c, err := ParseConfig(DefaultConfig(), "oom_wait_ms:3600000,oom_delay_ms:3600000,oom_max_retries:1000")
+	require.NoError(t, err, "the bounds themselves")
+	require.Equal(t, time.Hour, c.OOMWait)
+	c = DefaultConfig()
+	c.OOMWait = time.Hour + 1
+	require.ErrorIs(t, c.Validate(), vmm.ErrInvalid, "Validate holds the bound for Go callers")
 }

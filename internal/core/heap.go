@@ -1,6 +1,7 @@
 package core
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/bits"
@@ -150,7 +151,10 @@ const handedBits = 8
 // once. log may be nil.
 func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, log *slog.Logger) (*Heap, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", err, vmm.ErrInvalid)
+		if !errors.Is(err, vmm.ErrInvalid) {
+			err = fmt.Errorf("%w: %w", err, vmm.ErrInvalid)
+		}
+		return nil, err
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
