@@ -1,6 +1,7 @@
 package fallback
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -10,8 +11,10 @@ import (
 )
 
 // Config is the allocator's configuration (see spec.Config). The fallback
-// allocator reads SmallPageSize and LargePageSize as segment sizes, and
-// has no page cache (PageCacheBytes is unused).
+// allocator reads SmallPageSize and LargePageSize as segment sizes (see
+// New for the defaults it puts in their place), has no page cache
+// (PageCacheBytes is unused), and ignores the expandable allocator's page
+// policy: RecyclePages, SizeClasses, ChunkBytes and ChunkMinBytes.
 type Config = spec.Config
 
 // Allocator is the fallback allocator of one device: the block core over
@@ -37,22 +40,45 @@ type Allocator struct {
 
 // New makes a fallback allocator for device dev of d. It needs only
 // MemAlloc and MemFree, so it works on any device, with or without VMM.
-// Both segment sizes of cfg must be positive multiples of 512 (else
-// vmm.ErrInvalid). The allocator does not close d. log may be nil.
+// The allocator does not close d. log may be nil.
+//
+// It reads cfg as follows (Allocator.Config returns the result):
+//
+//   - RecyclePages, SizeClasses, ChunkBytes and ChunkMinBytes (XSEG_CONF's
+//     recycle_pages, size_classes, chunk_mb, chunk_min_mb) do not apply:
+//     they move pages of address ranges mapped on demand, which plain
+//     allocations are not. They are ignored, turned off whatever they say,
+//     so that one configuration serves devices with and without VMM.
+//   - SmallPageSize, LargePageSize and SmallLimit (small_page_mb,
+//     large_page_mb, small_limit_kb) are used as given, except for the two
+//     values of xseg.DefaultConfig that differ from ClassicConfig's: a
+//     LargePageSize of 2 MiB becomes 20 MiB, and a SmallLimit of 0 (no
+//     small pool) becomes 1 MiB (at most SmallPageSize). A Config does not
+//     record which keys were set, so large_page_mb:2 and small_limit_kb:0
+//     are replaced even when given on purpose; every other value is
+//     honoured. The defaults thus give PyTorch's layout (DefaultConfig).
+//
+// Both segment sizes must be positive multiples of 512, and cfg must pass
+// Config.Validate (else vmm.ErrInvalid).
 func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator, error) {
 	info, err := d.DeviceInfo(dev)
 	if err != nil {
 		return nil, fmt.Errorf("fallback: device %d: %w", dev, err)
 	}
-	if cfg.RecyclePages {
-		// Recycling (the default page policy) needs pages mapped on
-		// demand; plain allocations take the classic layout instead.
-		cfg = classicPages(cfg)
-	}
+	cfg = effectiveConfig(cfg)
 	for _, c := range cfg.PoolClasses() {
 		if c.PageSize == 0 || c.PageSize%core.MinBlock != 0 {
 			return nil, fmt.Errorf("fallback: %s: segment size %d is not a positive multiple of %d: %w", c.PageKey, c.PageSize, core.MinBlock, vmm.ErrInvalid)
 		}
+	}
+	// Validated here, with vmm.ErrInvalid added only where the error
+	// lacks it: core.NewHeap adds it to every error of Validate, and
+	// said "invalid argument: invalid argument" for those that have it.
+	if err := cfg.Validate(); err != nil {
+		if !errors.Is(err, vmm.ErrInvalid) {
+			err = fmt.Errorf("%w: %w", err, vmm.ErrInvalid)
+		}
+		return nil, fmt.Errorf("fallback: %w", err)
 	}
 	s := &segments{d: d, dev: dev, cfg: cfg}
 	h, err := core.NewHeap(d, dev, s, cfg, info.TotalMemory, log)
@@ -63,6 +89,21 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Allocator{PoolSet: core.NewPoolSet(h), Limiter: core.NewLimiter(h), Recorder: core.NewRecorder(h), TagSet: core.NewTagSet(h), heap: h, d: d, dev: dev, cfg: cfg, log: log}, nil
+}
+
+// effectiveConfig is the configuration the fallback allocator runs with
+// for cfg: the expandable allocator's page policy off, and the page
+// layout's defaults replaced by ClassicConfig's, as New says.
+func effectiveConfig(cfg Config) Config {
+	cfg.RecyclePages, cfg.SizeClasses, cfg.ChunkBytes, cfg.ChunkMinBytes = false, false, 0, 0
+	def, classic := core.DefaultConfig(), core.ClassicConfig()
+	if cfg.LargePageSize == def.LargePageSize {
+		cfg.LargePageSize = classic.LargePageSize
+	}
+	if cfg.SmallLimit == def.SmallLimit {
+		cfg.SmallLimit = min(classic.SmallLimit, cfg.SmallPageSize)
+	}
+	return cfg
 }
 
 // SegmentBytes is the size of the segment NewSegment makes for a request
@@ -154,14 +195,6 @@ func (a *Allocator) Close() error { return a.heap.Close() }
 // DefaultConfig returns core.ClassicConfig, the layout of PyTorch's own
 // segments: 2 MiB small segments for requests up to 1 MiB, 20 MiB large
 // segments, no release threshold. (Recycling pages and chunks need pages
-// mapped on demand, which plain allocations are not.)
+// mapped on demand, which plain allocations are not.) New turns
+// xseg.DefaultConfig into the same layout (see effectiveConfig).
 func DefaultConfig() Config { return core.ClassicConfig() }
-
-// classicPages is cfg with ClassicConfig's page policy (its page sizes,
-// small limit, no recycling, no chunks).
-func classicPages(cfg Config) Config {
-	c := core.ClassicConfig()
-	cfg.SmallPageSize, cfg.LargePageSize, cfg.SmallLimit = c.SmallPageSize, c.LargePageSize, c.SmallLimit
-	cfg.RecyclePages, cfg.ChunkBytes, cfg.ChunkMinBytes = false, 0, 0
-	return cfg
-}

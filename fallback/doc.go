@@ -17,6 +17,13 @@
 // block core (package internal/core) tiles each segment with blocks in
 // address order; a segment is its own single page, mapped from the start.
 //
+// The configuration is read as New says: the expandable allocator's page
+// policy (recycle_pages, size_classes, chunk_mb, chunk_min_mb) does not
+// apply and is ignored; the page size keys set the segment sizes, and
+// xseg.DefaultConfig's page layout (2 MiB large pages, no small pool),
+// which cannot be told from keys set to the same values, becomes the
+// layout above.
+//
 // An allocation looks, in order, at the exact-size list of its (stream,
 // pool), then the best-fit tree of coalesced free blocks of all the
 // stream's segments of the pool (splitting the block found, the rest

@@ -38,8 +38,10 @@ var _ core.ReleasePolicer = (*segments)(nil)
 // size shares a segment of that size (small requests, up to cfg.SmallLimit
 // = 1 MiB by default, a 2 MiB one; large ones below 10 MiB a 20 MiB one);
 // a larger one gets a segment of its own, rounded up to the first pool's
-// page size (2 MiB).
+// page size (2 MiB). cfg is read as New reads it: xseg.DefaultConfig gives
+// the sizes above too.
 func SegmentSize(cfg Config, size uint64) uint64 {
+	cfg = effectiveConfig(cfg)
 	rs := core.RoundSize(size)
 	return segmentSize(cfg, cfg.PoolOf(rs), rs)
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/xseg-dev/xseg/bytesize"
@@ -42,8 +44,8 @@ func (e *enumFlag[T]) Set(s string) error {
 }
 
 // capacityFlag is --capacity: the host backend's memory per device, a
-// size in bytesize's syntax that is a whole number of its pages. Zero (not
-// given) means the backend's default.
+// size in bytesize's syntax that is a whole number of its pages and at
+// most host.MaxCapacity. Zero (not given) means the backend's default.
 type capacityFlag uint64
 
 func (c *capacityFlag) String() string {
@@ -56,12 +58,40 @@ func (c *capacityFlag) String() string {
 // Type names the values in the help text.
 func (c *capacityFlag) Type() string { return "SIZE" }
 
-// Set reads a size such as 24GiB and checks it against the page size.
+// Set reads a size such as 24GiB and checks it against the page size and
+// host.MaxCapacity.
 func (c *capacityFlag) Set(s string) error {
 	n, err := bytesize.ParseMultiple(s, host.DefaultGranularity, "the granularity")
 	if err != nil {
 		return err
 	}
+	if n > host.MaxCapacity {
+		return fmt.Errorf("more than %s, the most a host-backend device may have: its memory is reserved as address space, "+
+			"once for each range of the allocator, and x86-64 gives a process 128 TiB", bytesize.Format(host.MaxCapacity))
+	}
 	*c = capacityFlag(n)
+	return nil
+}
+
+// capacityUsage is the help of --capacity.
+var capacityUsage = "memory of each host-backend device, a multiple of 2 MiB up to " + bytesize.Format(host.MaxCapacity) +
+	" (it is reserved as address space): " + bytesize.Syntax + " (default " + bytesize.Format(host.DefaultCapacity) + ")"
+
+// seedFlag is --seed: a seed of the perturbation, a whole number that
+// fits 64 bits.
+type seedFlag uint64
+
+func (f *seedFlag) String() string { return strconv.FormatUint(uint64(*f), 10) }
+
+// Type names the values in the help text.
+func (f *seedFlag) Type() string { return "uint" }
+
+// Set reads a seed, with words of its own where strconv's would show.
+func (f *seedFlag) Set(s string) error {
+	n, err := strconv.ParseUint(strings.TrimSpace(s), 0, 64) // base 0, as pflag's Uint64Var
+	if err != nil {
+		return fmt.Errorf("want a seed, a whole number from 0 to %d", uint64(math.MaxUint64))
+	}
+	*f = seedFlag(n)
 	return nil
 }

@@ -5,7 +5,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/bytesize"
+	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/host"
 )
 
 func TestCapacityFlag(t *testing.T) {
@@ -62,4 +65,33 @@ func TestEnumFlag(t *testing.T) {
 	err := e.Set("rocm")
 	require.ErrorContains(t, err, `"rocm" is not one of auto, host, cuda`)
 	require.Equal(t, "host", e.String(), "a bad value changes nothing")
+}
+
+// --capacity above host.MaxCapacity is refused at parsing: 1 EiB was
+// accepted, info said "1 EiB total", and a 100-byte allocation then failed
+// with an out-of-memory error whose cause (ENOMEM reserving the capacity
+// as address space) came last.
+func TestCapacityFlagMax(t *testing.T) {
+	const want = "more than 4 TiB, the most a host-backend device may have: its memory is reserved as address space, " +
+		"once for each range of the allocator, and x86-64 gives a process 128 TiB"
+	var c capacityFlag
+	require.NoError(t, c.Set("4TiB"))
+	require.Equal(t, host.MaxCapacity, uint64(c))
+	for _, in := range []string{"1EiB", "4100GiB", "128TiB", "64TiB"} {
+		require.EqualError(t, c.Set(in), want, in)
+		require.Equal(t, host.MaxCapacity, uint64(c), "a bad value changes nothing")
+	}
+	tr := writeTrace(t, "a.trace", synthetic)
+	for _, args := range [][]string{{"info", "--capacity", "1EiB"}, {"replay", "--backend", "host", "--capacity", "1EiB", tr}} {
+		out, stderr, err := run(t, args...)
+		require.Error(t, err, args)
+		require.Equal(t, "xseg: --capacity 1EiB: "+want, errorLine(err), args)
+		require.Empty(t, out, args)
+		require.NotContains(t, stderr, "Usage:", args)
+	}
+	// libxseg's XSEG_HOST_CAPACITY goes to xseg.OpenDriver, which host.Open
+	// checks.
+	_, err := xseg.OpenDriver(xseg.BackendHost, 1<<60)
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+	require.ErrorContains(t, err, "xseg: opening the host backend: host: capacity 1152921504606846976 is more than MaxCapacity")
 }

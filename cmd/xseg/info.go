@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -12,7 +13,6 @@ import (
 	"github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/bytesize"
 	"github.com/xseg-dev/xseg/vmm"
-	"github.com/xseg-dev/xseg/vmm/host"
 )
 
 // probeStatus is a capability probe's answer (STYLE habit 4).
@@ -89,13 +89,20 @@ VMM support, page granularity, shareable handle kinds (POSIX fd, fabric) and
 GPUDirect RDMA with VMM. It says which backend and, for each device, which
 allocator xseg.Open would choose, and why: expandable where the device
 supports VMM, fallback (plain allocations) where it does not, or the one
---allocator forces. It also probes whether pidfd_getfd is permitted for
-this process here (yes, no with the errno, or unknown). The host backend's
+--allocator forces. It fails, as xseg.Open would, if the configuration in
+the environment (XSEG_CONF, OOM_MAX_RETRIES, ...) does not parse. It also
+probes whether pidfd_getfd is permitted for this process here (yes, no with
+the errno, or unknown). The host backend's
 devices are simulated: host memory of the configured capacity (--capacity,
 default 141 GiB) that xseg treats as a GPU's.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cmd.SilenceUsage = true
+			// xseg.Open fails on a bad environment configuration; so does
+			// info, rather than name the allocator Open would not make.
+			if _, err := xseg.ConfigFromEnv(os.Getenv); err != nil {
+				return err
+			}
 			rep, err := gatherInfo(backend.value, allocator.value, uint64(capacity))
 			if err != nil {
 				return err
@@ -110,7 +117,7 @@ default 141 GiB) that xseg treats as a GPU's.`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	cmd.Flags().Var(backend, "backend", "backend to describe: auto (CUDA if it opens, else host), host or cuda")
-	cmd.Flags().Var(&capacity, "capacity", "memory of each host-backend device, a multiple of 2 MiB: "+bytesize.Syntax+" (default "+bytesize.Format(host.DefaultCapacity)+")")
+	cmd.Flags().Var(&capacity, "capacity", capacityUsage)
 	cmd.Flags().Var(allocator, "allocator", "allocator to choose: auto (expandable where the device supports VMM, else fallback), expandable or fallback")
 	return cmd
 }

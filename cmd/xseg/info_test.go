@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -162,4 +163,19 @@ func TestBare(t *testing.T) {
 	plain := errors.New("no prefix")
 	require.Same(t, plain, bare(plain))
 	require.NoError(t, bare(nil))
+}
+
+// A bad XSEG_CONF fails info, with the parser's message, as it fails
+// xseg.Open: info said (exit 0) it would choose expandable.
+func TestInfoBadEnvConfig(t *testing.T) {
+	t.Setenv("XSEG_CONF", "foo:1")
+	for _, args := range [][]string{{"info"}, {"info", "--json"}, {"info", "--backend", "host", "--allocator", "fallback"}} {
+		out, _, err := run(t, args...)
+		require.Error(t, err, args)
+		require.True(t, strings.HasPrefix(errorLine(err), `xseg: environment XSEG_CONF: config: unknown key "foo" (the keys: chunk_mb,`), "%s: %s", args, errorLine(err))
+		require.Empty(t, out, args)
+	}
+	t.Setenv("XSEG_CONF", "size_classes:1")
+	_, _, err := run(t, "info", "--backend", "host")
+	require.NoError(t, err, "a good one changes nothing")
 }

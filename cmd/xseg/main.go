@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -67,9 +68,30 @@ func flagError(c *cobra.Command, err error) error {
 	var bad *pflag.InvalidValueError
 	if errors.As(err, &bad) {
 		c.SilenceUsage = true
-		return fmt.Errorf("--%s %s: %w", bad.GetFlag().Name, bad.GetValue(), bad.Unwrap())
+		return fmt.Errorf("--%s %s: %w", bad.GetFlag().Name, bad.GetValue(), worded(bad.Unwrap()))
 	}
 	return err
+}
+
+// worded is err, a flag's error, with strconv's "strconv.ParseInt:
+// parsing "x": invalid syntax" (pflag's number and boolean flags) said in
+// words, as the flags of this command say theirs.
+func worded(err error) error {
+	var num *strconv.NumError
+	if !errors.As(err, &num) {
+		return err
+	}
+	what := "not a whole number"
+	switch num.Func {
+	case "ParseFloat":
+		what = "not a number"
+	case "ParseBool":
+		return errors.New("want true or false")
+	}
+	if errors.Is(num.Err, strconv.ErrRange) {
+		what = "out of range"
+	}
+	return errors.New(what)
 }
 
 // newRootCmd builds the command tree writing to stdout and stderr (tests

@@ -12,9 +12,7 @@ import (
 
 	"github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/bench/trace"
-	"github.com/xseg-dev/xseg/bytesize"
 	"github.com/xseg-dev/xseg/vmm"
-	"github.com/xseg-dev/xseg/vmm/host"
 )
 
 // replayFlags are the flags of `xseg replay`.
@@ -39,6 +37,7 @@ func newReplayCmd(stdout, stderr io.Writer) *cobra.Command {
 	f := &replayFlags{
 		backend:   newEnum(xseg.BackendAuto, xseg.Backends()...),
 		allocator: newEnum(xseg.AllocatorAuto, xseg.AllocatorKinds()...),
+		seed:      1,
 	}
 	cmd := &cobra.Command{
 		Use:   "replay [flags] TRACE...",
@@ -48,12 +47,15 @@ func newReplayCmd(stdout, stderr io.Writer) *cobra.Command {
 drives a fresh allocator with its events and reports, per trace: events, the
 trace's peak of live bytes, the allocator's peak of reserved bytes, their
 ratio (peak reserved / peak live: 1.0 wastes nothing), nanoseconds per event,
-pages mapped and unmapped, allocation retries and out-of-memory errors (a
-replay with failed allocations shows no ratio: n/a). Sizes are printed in
-KiB, MiB and GiB; --json prints them in bytes. Trace stream 0 is the default
-stream; every other trace stream gets a stream of its own. Blocks still live
-at the end are freed after the timing. It fails if a trace does not parse or
-an allocation fails.
+pages mapped and unmapped, allocation retries and out-of-memory errors. The
+ratio shows n/a (OOM) for a replay with failed allocations, and n/a for a
+trace that never holds a live byte (empty, or 0-byte allocations only;
+--json gives ratio 0 there). Sizes are printed in KiB, MiB and GiB; --json
+prints them in bytes. Trace stream 0 is the default stream; every other
+trace stream gets a stream of its own. Blocks still live at the end are
+freed after the timing. It fails if a trace does not parse or an allocation
+fails, and before any trace if the configuration (XSEG_CONF in the
+environment, --conf) does not parse.
 
 --perturb N also replays N variants of each trace, with seeds --seed to
 --seed+N-1, each through a fresh allocator: a long-lived block of 1.5 to
@@ -78,14 +80,14 @@ existing file), for another allocator to replay the same variant.`,
 	fl := cmd.Flags()
 	fl.Var(f.backend, "backend", "memory backend: auto (CUDA if it opens, else host), host or cuda")
 	fl.Var(f.allocator, "allocator", "allocator: auto (expandable where the device supports VMM), expandable or fallback")
-	fl.Var(&f.capacity, "capacity", "memory of each host-backend device, a multiple of 2 MiB: "+bytesize.Syntax+" (default "+bytesize.Format(host.DefaultCapacity)+")")
+	fl.Var(&f.capacity, "capacity", capacityUsage)
 	fl.IntVar(&f.device, "device", 0, "`ordinal` of the device to replay on")
 	fl.StringVar(&f.conf, "conf", "", "allocator configuration in `XSEG_CONF` syntax (key:value,...), applied over the environment's")
 	fl.BoolVar(&f.json, "json", false, "print one JSON object a line per trace")
 	fl.BoolVarP(&f.verbose, "verbose", "v", false, "log the allocator's informational messages to stderr")
 	fl.StringVar(&f.plot, "plot", "", "draw live and reserved bytes over each trace's events into `FILE.png` (or .svg, .pdf, ...; with several traces, FILE.<trace>.png)")
 	fl.IntVar(&f.perturb, "perturb", 0, "also replay `N` perturbed variants of each trace and report their worst ratio")
-	fl.Uint64Var(&f.seed, "seed", 1, "with --perturb, the seed `S` of the first variant; the others follow it")
+	fl.Var((*seedFlag)(&f.seed), "seed", "with --perturb, the seed `S` of the first variant; the others follow it")
 	fl.Float64Var(&f.jitter, "jitter", trace.DefaultJitter, "with --perturb, the largest fraction `F` by which a size is raised")
 	fl.StringVar(&f.writeVariants, "write-variants", "", "with --perturb, also write each variant into `DIR` as NAME.seed<S>.trace.gz (an existing file is not replaced)")
 	return cmd
@@ -203,16 +205,17 @@ func checkDevice(d vmm.Driver, dev int) error {
 	return fmt.Errorf("--device %d: the %s backend has %s: %w", dev, d.Backend(), has, vmm.ErrInvalid)
 }
 
-// replayConfig is the allocator configuration: nil (the environment's,
-// read by xseg.Open) without --conf, else the environment's with conf over
-// it.
+// replayConfig is the allocator configuration: the environment's, with
+// conf (--conf) over it if not empty. Read once, before any trace, so
+// that a bad XSEG_CONF fails up front as a bad --conf does (the error
+// names the variable), not at each trace's xseg.Open.
 func replayConfig(conf string) (*xseg.Config, error) {
-	if conf == "" {
-		return nil, nil
-	}
 	base, err := xseg.ConfigFromEnv(os.Getenv)
 	if err != nil {
 		return nil, err
+	}
+	if conf == "" {
+		return &base, nil
 	}
 	cfg, err := xseg.ParseConfig(base, conf)
 	if err != nil {

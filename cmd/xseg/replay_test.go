@@ -296,7 +296,15 @@ func TestReplayPerturbFlags(t *testing.T) {
 		{[]string{"--perturb", "2", "--jitter", "NaN"}, "--jitter NaN: perturbation: jitter NaN is not in [0, 1]: invalid argument"},
 		{[]string{"--seed", "3"}, "--seed applies to the variants of --perturb N, and --perturb is 0"},
 		{[]string{"--jitter", "0.1"}, "--jitter applies to the variants of --perturb N, and --perturb is 0"},
-		{[]string{"--perturb", "2", "--seed", "-1"}, `--seed -1: strconv.ParseUint: parsing "-1": invalid syntax`},
+		// --seed -1 was strconv's "strconv.ParseUint: parsing "-1":
+		// invalid syntax"; now in words, as the other flags.
+		{[]string{"--perturb", "2", "--seed", "-1"}, "--seed -1: want a seed, a whole number from 0 to 18446744073709551615"},
+		{[]string{"--perturb", "2", "--seed", "18446744073709551616"}, "--seed 18446744073709551616: want a seed, a whole number from 0 to 18446744073709551615"},
+		{[]string{"--perturb", "2", "--seed", "x"}, "--seed x: want a seed, a whole number from 0 to 18446744073709551615"},
+		{[]string{"--perturb", "two"}, "--perturb two: not a whole number"},
+		{[]string{"--perturb", "2", "--jitter", "lots"}, "--jitter lots: not a number"},
+		{[]string{"--device", "99999999999999999999"}, "--device 99999999999999999999: out of range"},
+		{[]string{"--json=maybe"}, "--json maybe: want true or false"},
 		{[]string{"--write-variants", t.TempDir()}, "--write-variants applies to the variants of --perturb N, and --perturb is 0"},
 		{[]string{"--perturb", "1", "--write-variants", tr}, "--write-variants " + tr + ": not a directory"},
 		{[]string{"--perturb", "1", "--write-variants", none}, "--write-variants: stat " + none + ": no such file or directory"},
@@ -351,4 +359,71 @@ func TestReplayWriteVariants(t *testing.T) {
 	}
 	_, _, err = run(t, "replay", "--backend", "host", "--perturb", "1", "--seed", "3", "--write-variants", dir, tr)
 	require.ErrorIs(t, err, os.ErrExist, "a variant written before is not replaced")
+}
+
+// A bad XSEG_CONF fails replay up front, naming the variable, as a bad
+// --conf does: it was reported per trace after the "backend host..."
+// header.
+func TestReplayBadEnvConfig(t *testing.T) {
+	tr := writeTrace(t, "a.trace", synthetic)
+	t.Setenv("XSEG_CONF", "foo:1")
+	for _, args := range [][]string{{}, {"--json"}, {"--conf", "large_page_mb:4"}} {
+		out, _, err := run(t, append(append([]string{"replay", "--backend", "host"}, args...), tr, tr)...)
+		require.Error(t, err, args)
+		require.True(t, strings.HasPrefix(errorLine(err), `xseg: environment XSEG_CONF: config: unknown key "foo" (the keys: `), "%v: %s", args, errorLine(err))
+		require.Empty(t, out, "nothing printed before the error: %v", args)
+	}
+	t.Setenv("XSEG_CONF", "large_page_mb:100")
+	out, _, err := run(t, "replay", "--backend", "host", "--json", tr)
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &m))
+	require.GreaterOrEqual(t, m["peak_reserved"], float64(100<<20), "the environment's configuration is used")
+}
+
+// A trace that never holds a live byte (empty, or 0-byte allocations
+// only) has no ratio: the table says n/a, where it said 0.0000; --json
+// keeps ratio 0, as trace.Result documents.
+func TestReplayNoLiveBytesRatio(t *testing.T) {
+	empty := writeTrace(t, "empty.trace", "")
+	zero := writeTrace(t, "zero.trace", "a 0 0 0\nf 0\n")
+	good := writeTrace(t, "good.trace", synthetic)
+	out, _, err := run(t, "replay", "--backend", "host", empty, zero, good)
+	require.NoError(t, err)
+	require.NotContains(t, out, "0.0000")
+	require.Regexp(t, `empty\.trace +0 +0 B +0 B +n/a +\d+ +0 +0 +0 +0 *\n`, out)
+	require.Regexp(t, `zero\.trace +2 +0 B +0 B +n/a +\d+ +0 +0 +0 +0 *\n`, out)
+	require.Regexp(t, `good\.trace +9 +40\.098 MiB +\d+\.\d{3} MiB +1\.\d{4} `, out)
+	require.Contains(t, out, "n/a: the trace never holds a live byte, so there is no ratio (--json gives 0)")
+
+	out, _, err = run(t, "replay", "--backend", "host", good)
+	require.NoError(t, err)
+	require.NotContains(t, out, "n/a", "no legend without such a trace")
+
+	out, _, err = run(t, "replay", "--backend", "host", "--perturb", "1", empty)
+	require.NoError(t, err)
+	require.Regexp(t, `empty\.trace +n/a +1 +1\.\d{4} `, out, "the variants' table too")
+
+	out, _, err = run(t, "replay", "--backend", "host", "--json", empty, zero)
+	require.NoError(t, err)
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m))
+		require.Zero(t, m["ratio"], line)
+	}
+}
+
+// The fallback allocator ignores the expandable allocator's page policy:
+// --conf size_classes:1 failed with "size_classes needs recycle_pages ...
+// invalid argument: invalid argument" although recycling was on.
+func TestReplayFallbackIgnoresExpandablePolicy(t *testing.T) {
+	tr := writeTrace(t, "a.trace", synthetic)
+	for _, conf := range []string{"size_classes:1", "chunk_mb:64,chunk_min_mb:8", "recycle_pages:0"} {
+		out, _, err := run(t, "replay", "--backend", "host", "--allocator", "fallback", "--conf", conf, tr)
+		require.NoError(t, err, conf)
+		require.Contains(t, out, "backend host, allocator fallback, device 0\n", conf)
+	}
+	t.Setenv("XSEG_CONF", "size_classes:1")
+	_, _, err := run(t, "replay", "--backend", "host", "--allocator", "fallback", tr)
+	require.NoError(t, err, "XSEG_CONF=size_classes:1 does not break the fallback allocator")
 }

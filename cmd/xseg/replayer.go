@@ -132,11 +132,14 @@ func (p *resultPrinter) flush() error {
 	}
 	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "%-*s\tevents\tpeak live\tpeak reserved\tpeak reserved / peak live\tns/event\tmaps\tunmaps\tretries\tooms\t\n", width, "trace")
-	failed := false
+	failed, empty := false, false
 	for _, r := range p.result {
-		ratio := fmt.Sprintf("%.4f", r.Ratio)
-		if r.OOMs > 0 {
+		ratio := ratioCell(r.Result)
+		switch {
+		case r.OOMs > 0:
 			ratio, failed = "n/a (OOM)", true
+		case r.PeakLive == 0:
+			empty = true
 		}
 		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%s\t%s\t%.0f\t%d\t%d\t%d\t%d\t\n",
 			width, r.Trace, r.Events, bytesize.FormatFixed(r.PeakLive, 3), bytesize.FormatFixed(r.PeakReserved, 3), ratio,
@@ -148,10 +151,23 @@ func (p *resultPrinter) flush() error {
 	if failed {
 		fmt.Fprintln(p.w, "n/a (OOM): allocations failed, so the allocator never held the trace's peak of live bytes; the ratio would flatter it (--json still gives it)")
 	}
+	if empty {
+		fmt.Fprintln(p.w, "n/a: the trace never holds a live byte, so there is no ratio (--json gives 0)")
+	}
 	if p.variants == "" {
 		return nil
 	}
 	return p.flushVariants(width)
+}
+
+// ratioCell is a result's ratio as the table prints it: n/a for a trace
+// that never holds a live byte (its Ratio, in --json too, is 0), where
+// peak reserved / peak live has no value.
+func ratioCell(r trace.Result) string {
+	if r.PeakLive == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.4f", r.Ratio)
 }
 
 // flushVariants prints, for --perturb, each trace's ratio beside the
@@ -163,11 +179,11 @@ func (p *resultPrinter) flushVariants(width int) error {
 	for _, r := range p.result {
 		s := trace.SpreadOf(r.Variants)
 		if s.Variants == 0 {
-			fmt.Fprintf(tw, "%-*s\t%.4f\t0\t\t\t\t\t\n", width, r.Trace, r.Ratio)
+			fmt.Fprintf(tw, "%-*s\t%s\t0\t\t\t\t\t\n", width, r.Trace, ratioCell(r.Result))
 			continue
 		}
-		fmt.Fprintf(tw, "%-*s\t%.4f\t%d\t%.4f\t%.4f\t%.4f\t%d\t\n",
-			width, r.Trace, r.Ratio, s.Variants, s.Best, s.Median, s.Worst, s.WorstSeed)
+		fmt.Fprintf(tw, "%-*s\t%s\t%d\t%.4f\t%.4f\t%.4f\t%d\t\n",
+			width, r.Trace, ratioCell(r.Result), s.Variants, s.Best, s.Median, s.Worst, s.WorstSeed)
 	}
 	return tw.Flush()
 }

@@ -11,7 +11,9 @@
 // # Devices and capacity
 //
 // [Open] makes Options.Devices virtual devices of Options.Capacity bytes each
-// (141 GiB by default, an H200's). Create and MemAlloc fail with
+// (141 GiB by default, an H200's; at most [MaxCapacity], 4 TiB, since the
+// allocators reserve a device's capacity as address space several times
+// over, and x86-64 gives a process 128 TiB). Create and MemAlloc fail with
 // vmm.ErrOutOfMemory where they would on the card, yet memory is sparse:
 // only bytes written take RAM, so a 25 GB allocation trace replays in a few
 // MiB. MemInfo's free memory is the capacity less the pages created (not

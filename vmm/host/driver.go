@@ -17,6 +17,16 @@ const (
 	// DefaultGranularity is the page size and alignment: 2 MiB, as on
 	// NVIDIA GPUs.
 	DefaultGranularity uint64 = 2 << 20
+	// MaxCapacity is the most memory a device may have: 4 TiB, 1/32 of
+	// the 128 TiB of address space that x86-64 gives a process. The
+	// capacity costs no memory, but the expandable allocator reserves a
+	// device's whole capacity as address space for each range of its
+	// default stream: one a pool, and one a size class under size_classes
+	// (a dozen or more). Replaying bench/traces/gpt2_train.trace.gz ran out
+	// of address space (Reserve failing with ENOMEM at an allocation) at
+	// 16 TiB with size_classes and at 60 TiB with policy:classic; every
+	// trace there replays at 4 TiB with size_classes. Open refuses more.
+	MaxCapacity uint64 = 4 << 40
 )
 
 // Options configure a host driver. The zero value is one device of
@@ -25,8 +35,9 @@ type Options struct {
 	// Devices is the number of virtual devices (default 1).
 	Devices int
 	// Capacity is the memory of each device in bytes (default
-	// DefaultCapacity). Create and MemAlloc fail with vmm.ErrOutOfMemory
-	// beyond it. Memory is sparse: only bytes written take RAM.
+	// DefaultCapacity, at most MaxCapacity). Create and MemAlloc fail with
+	// vmm.ErrOutOfMemory beyond it. Memory is sparse: only bytes written
+	// take RAM.
 	Capacity uint64
 	// Granularity is the page size and alignment, a power of two that is a
 	// multiple of the OS page size (default DefaultGranularity).
@@ -112,6 +123,10 @@ func Open(o Options) (*Driver, error) {
 	}
 	if o.Capacity%g != 0 {
 		return nil, fmt.Errorf("host: capacity %d is not a multiple of the granularity %d: %w", o.Capacity, g, vmm.ErrInvalid)
+	}
+	if o.Capacity > MaxCapacity {
+		return nil, fmt.Errorf("host: capacity %d is more than MaxCapacity %d (4 TiB): an allocator reserves a device's capacity "+
+			"as address space once a range, and x86-64 gives a process 128 TiB: %w", o.Capacity, MaxCapacity, vmm.ErrInvalid)
 	}
 	d := &Driver{opts: o, books: ledger.New(g)}
 	d.mu.pages = make(map[vmm.Handle]*backing)
