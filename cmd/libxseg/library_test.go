@@ -99,8 +99,6 @@ func TestLibraryAllocFree(t *testing.T) {
 	// act on a device, as for those that read one.
 	require.ErrorContains(t, l.emptyCache(3), "the host backend has 1 devices")
 	require.ErrorIs(t, l.resetPeakStats(3), vmm.ErrInvalid)
-	require.ErrorIs(t, l.pause(3, nil, false), vmm.ErrInvalid)
-	require.ErrorIs(t, l.resume(3, nil), vmm.ErrInvalid)
 	require.NoError(t, l.emptyCache(0), "a device without allocations has nothing to do")
 	require.NoError(t, l.emptyCache(-1))
 	r = stats(t, l, 0)

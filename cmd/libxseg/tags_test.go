@@ -38,6 +38,8 @@ func TestLibraryPauseResume(t *testing.T) {
 
 	id, err := l.tag(0, "w")
 	require.NoError(t, err)
+	require.ErrorIs(t, l.pause(3, nil, false), vmm.ErrInvalid, "a device the host backend does not have")
+	require.ErrorIs(t, l.resume(3, nil), vmm.ErrInvalid)
 	require.True(t, id.IsTag())
 	again, err := l.tag(0, "w")
 	require.NoError(t, err)
