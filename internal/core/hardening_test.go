@@ -63,6 +63,23 @@ func TestAllocAtMostStartsAtTheRoom(t *testing.T) {
 	})
 }
 
+// A driver that cannot say how much is free leaves AllocAtMost where it
+// was: it starts at max and shrinks.
+func TestAllocAtMostWithoutMemInfo(t *testing.T) {
+	forKinds(t, func(t *testing.T, k kind) {
+		f := vmmtest.NewFaulty(vmmtest.HostDriver(t, 1<<30))
+		a := newAlloc(t, k, f, core.DefaultConfig())
+		n := f.Calls(vmmtest.OpMemInfo)
+		f.FailNth(vmmtest.OpMemInfo, 1, nil)
+		r := allocAtMostWithin(t, a, 2<<30, mib)
+		require.NoError(t, r.err)
+		require.Greater(t, f.Calls(vmmtest.OpMemInfo), n, "AllocAtMost asked the driver")
+		require.GreaterOrEqual(t, r.size, uint64(mib))
+		require.LessOrEqual(t, r.size, uint64(1<<30))
+		require.NoError(t, a.Free(r.ptr))
+	})
+}
+
 type atMost struct {
 	ptr  vmm.DevicePtr
 	size uint64
