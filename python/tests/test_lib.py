@@ -991,3 +991,40 @@ def test_native_ipc_context_calls_fail_cleanly():
         with pytest.raises(xseg.XsegError, match="device 2's CUDA context current: CUDA_ERROR_NINE"):
             driver(fail=step).ensure_context(2)
         assert calls[-1] == step
+
+
+def test_forked_child_is_refused():
+    """A child forked after the library loaded gets an error that says why
+    at its first call, instead of hanging in the Go runtime (libxseg's
+    fork guard); the parent goes on."""
+    xseg.load()
+    r, w = os.pipe()
+    import warnings
+    with warnings.catch_warnings():  # Python 3.12 warns of fork with threads: the point here
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: report, never return into pytest
+        os.close(r)
+        code = 3
+        try:
+            import signal
+            signal.alarm(20)
+            try:
+                xseg.malloc(4096)
+                code = 1
+            except xseg.XsegError as e:
+                os.write(w, str(e).encode()[:4000])
+                code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    msg = b""
+    while chunk := os.read(r, 4096):
+        msg += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (status, msg)
+    assert b"forked" in msg and b"spawn" in msg, msg
+    p = xseg.malloc(4096)
+    assert p
+    xseg.free(p)
