@@ -255,12 +255,9 @@ func mib(field func(*Config) *uint64, unit uint64) func(*Config, string) error {
 		name = "KiB"
 	}
 	return func(c *Config, v string) error {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil && !errors.Is(err, strconv.ErrRange) {
-			return fmt.Errorf("want a whole number of %s, without a unit: %s", name, quote(v))
-		}
-		if err != nil || n > math.MaxUint64/unit {
-			return fmt.Errorf("%s %s is more bytes than 64 bits hold", quote(v), name)
+		n, err := whole(v, name, math.MaxUint64/unit, "more bytes than 64 bits hold")
+		if err != nil {
+			return err
 		}
 		*field(c) = n * unit
 		return nil
@@ -269,16 +266,26 @@ func mib(field func(*Config) *uint64, unit uint64) func(*Config, string) error {
 
 func millis(field func(*Config) *time.Duration) func(*Config, string) error {
 	return func(c *Config, v string) error {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil && !errors.Is(err, strconv.ErrRange) {
-			return fmt.Errorf("want a whole number of milliseconds: %s", quote(v))
-		}
-		if err != nil || n > uint64(MaxOOMWait.Milliseconds()) {
-			return fmt.Errorf("%s milliseconds is more than the %d (an hour) allowed", quote(v), MaxOOMWait.Milliseconds())
+		n, err := whole(v, "milliseconds", uint64(MaxOOMWait.Milliseconds()), fmt.Sprintf("more than the %d (an hour) allowed", MaxOOMWait.Milliseconds()))
+		if err != nil {
+			return err
 		}
 		*field(c) = time.Duration(n) * time.Millisecond
 		return nil
 	}
+}
+
+// whole parses v as a whole number of unit, written without a unit of its
+// own, of at most most; over says what a larger number is.
+func whole(v, unit string, most uint64, over string) (uint64, error) {
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return 0, fmt.Errorf("want a whole number of %s, without a unit: %s", unit, quote(v))
+	}
+	if err != nil || n > most {
+		return 0, fmt.Errorf("%s %s is %s", quote(v), unit, over)
+	}
+	return n, nil
 }
 
 func boolean(field func(*Config) *bool) func(*Config, string) error {
@@ -293,12 +300,9 @@ func boolean(field func(*Config) *bool) func(*Config, string) error {
 }
 
 func setRetries(c *Config, v string) error {
-	n, err := strconv.ParseUint(v, 10, 64)
-	if err != nil && !errors.Is(err, strconv.ErrRange) {
-		return fmt.Errorf("want a whole number of retries: %s", quote(v))
-	}
-	if err != nil || n > MaxOOMRetries {
-		return fmt.Errorf("%s retries is more than the %d allowed", quote(v), MaxOOMRetries)
+	n, err := whole(v, "retries", MaxOOMRetries, fmt.Sprintf("more than the %d allowed", MaxOOMRetries))
+	if err != nil {
+		return err
 	}
 	c.OOMMaxRetries = int(n)
 	return nil

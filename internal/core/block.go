@@ -47,7 +47,7 @@ type block struct {
 	// says every block freed before it is idle (marks.go).
 	freed uint64
 	// iso is the Heap's shape (heapMu.shape) when the block was last
-	// seen isolated; while the shape stays, it still is (popWarm).
+	// seen isolated; while the shape stays, it still is (popExact).
 	iso     uint64
 	state   blockState
 	inExact bool
@@ -135,25 +135,13 @@ func newState(k stateKey, fl *btree.FreeListG[*block]) *state {
 	}
 }
 
-// popExact takes a block of exactly size bytes from the exact lists.
-func (s *state) popExact(size uint64) *block {
-	l := s.exactList(size)
-	if l == nil {
-		return nil
-	}
-	b := l.head
-	if b == nil || !isolated(b) {
-		return nil
-	}
-	return s.take(l, b)
-}
-
-// popWarm is popExact for the warm path of Alloc, at the Heap's shape
-// shape: a block seen isolated at this shape needs no second look at its
+// popExact takes a block of exactly size bytes from the exact lists, if
+// the one at the head of its list is isolated, at the Heap's shape shape:
+// a block seen isolated at this shape needs no second look at its
 // neighbours. Between two changes of the shape only the warm paths have
 // run, and they move blocks only between handed out and parked in an
 // exact-size list, neither of which stops a neighbour being isolated.
-func (s *state) popWarm(size, shape uint64) *block {
+func (s *state) popExact(size, shape uint64) *block {
 	l := s.exactList(size)
 	if l == nil {
 		return nil

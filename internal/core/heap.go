@@ -114,7 +114,7 @@ type heapMu struct {
 	trims        bool // Config.ReleaseThreshold is set
 	// shape changes whenever the blocks may have changed other than by
 	// the warm paths: at every Unlock, and when a Free coalesces. A block
-	// seen isolated at a shape stays so until it changes (popWarm).
+	// seen isolated at a shape stays so until it changes (popExact).
 	shape uint64
 }
 
@@ -298,7 +298,7 @@ func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 		if s != 0 || st == nil {
 			st = h.stateLocked(s, pool, c)
 		}
-		if b := st.popWarm(rs, h.mu.shape); b != nil {
+		if b := st.popExact(rs, h.mu.shape); b != nil {
 			b = h.handOutLocked(b, rs, size)
 			if invariantsOn {
 				h.checkLocked()
@@ -402,7 +402,11 @@ func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool,
 	if st == nil {
 		st = h.stateLocked(s, pool, h.classOf(rs, pool))
 	}
-	b := st.popExact(rs)
+	// What this call changed so far (settling, polling) may have freed a
+	// neighbour of a parked block: a new shape, so that no earlier look
+	// is trusted.
+	h.mu.shape++
+	b := st.popExact(rs, h.mu.shape)
 	if b == nil {
 		var err error
 		if b, err = h.allocSlowLocked(st, rs, size, final); err != nil {

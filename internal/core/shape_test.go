@@ -17,7 +17,7 @@ import (
 // are full) must move the shape on. Here block a is seen isolated, parked
 // again, and then its neighbour b is freed into the best-fit tree by a
 // warm Free; the next Alloc of a's size must not trust the old look. The
-// invariants build checks every trusted look (popWarm) and panics on a
+// invariants build checks every trusted look (popExact) and panics on a
 // stale one; without it the test still checks what the allocator hands
 // out.
 func TestWarmFreeThatCoalescesMovesShape(t *testing.T) {
