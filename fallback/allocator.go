@@ -1,7 +1,6 @@
 package fallback
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 
@@ -70,15 +69,6 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 		if c.PageSize == 0 || c.PageSize%core.MinBlock != 0 {
 			return nil, fmt.Errorf("fallback: %s: segment size %d is not a positive multiple of %d: %w", c.PageKey, c.PageSize, core.MinBlock, vmm.ErrInvalid)
 		}
-	}
-	// Validated here, with vmm.ErrInvalid added only where the error
-	// lacks it: core.NewHeap adds it to every error of Validate, and
-	// said "invalid argument: invalid argument" for those that have it.
-	if err := cfg.Validate(); err != nil {
-		if !errors.Is(err, vmm.ErrInvalid) {
-			err = fmt.Errorf("%w: %w", err, vmm.ErrInvalid)
-		}
-		return nil, fmt.Errorf("fallback: %w", err)
 	}
 	s := &segments{d: d, dev: dev, cfg: cfg}
 	h, err := core.NewHeap(d, dev, s, cfg, info.TotalMemory, log)
