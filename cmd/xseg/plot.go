@@ -155,8 +155,8 @@ var (
 // the title, as an image; the extension picks the format.
 func (s *plotSeries) draw(path, setup string) error {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("%s: live and reserved bytes (%s)\npeak reserved %s / peak live %s = %.4f",
-		s.name, setup, bytesize.Format(s.res.PeakReserved), bytesize.Format(s.res.PeakLive), s.res.Ratio)
+	p.Title.Text = fmt.Sprintf("%s: live and reserved bytes (%s)\npeak reserved %s / peak live %s = %s",
+		s.name, setup, bytesize.Format(s.res.PeakReserved), bytesize.Format(s.res.PeakLive), ratioCell(s.res))
 	p.X.Label.Text = eventAxis
 	p.Y.Label.Text = "bytes"
 	p.X.Tick.Marker = labelAll{format: func(v float64) string { return humanize.Comma(int64(v)) }}

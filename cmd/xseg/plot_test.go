@@ -4,6 +4,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/bench/trace"
 	"github.com/xseg-dev/xseg/bytesize"
+	"github.com/xseg-dev/xseg/vmm"
 )
 
 func TestReplayPlot(t *testing.T) {
@@ -148,4 +150,22 @@ func TestNiceCeil(t *testing.T) {
 			t.Errorf("niceCeil(%v) = %v: below the data or far above it", v, got)
 		}
 	}
+}
+
+// TestPlotTitleOOM: the title gave the ratio of a replay whose allocations
+// failed, which the table refuses to print (it flatters the allocator),
+// and 0.0000 for a trace without live bytes; it says what the table says.
+func TestPlotTitleOOM(t *testing.T) {
+	tr := writeTrace(t, "big.trace", "a 1 41943040 0\na 2 62914560 0\nf 1\nf 2\na 3 1024 0\n")
+	empty := writeTrace(t, "empty.trace", "")
+	out := filepath.Join(t.TempDir(), "out.svg")
+	_, _, err := run(t, "replay", "--backend", "host", "--capacity", "64MiB", "--plot", out, tr, empty)
+	require.ErrorIs(t, err, vmm.ErrOutOfMemory)
+	title := regexp.MustCompile(`peak reserved [^<]*`)
+	svg, err := os.ReadFile(filepath.Join(filepath.Dir(out), "out.big.svg"))
+	require.NoError(t, err)
+	require.Equal(t, "peak reserved 40 MiB / peak live 100 MiB = n/a (OOM)", title.FindString(string(svg)))
+	svg, err = os.ReadFile(filepath.Join(filepath.Dir(out), "out.empty.svg"))
+	require.NoError(t, err)
+	require.Equal(t, "peak reserved 0 B / peak live 0 B = n/a", title.FindString(string(svg)))
 }

@@ -327,6 +327,32 @@ func TestReplayPerturbOutOfMemory(t *testing.T) {
 	require.Len(t, m["variants"], 1)
 }
 
+// TestReplayPerturbOutOfMemoryTable: the variants' table printed the
+// ratios of replays whose allocations failed (the trace's own as 0.4000
+// under a first table that said n/a (OOM), and the variants' best, median
+// and worst), though such a ratio flatters the allocator. It says n/a
+// (OOM) where the first table does, and the worst seed is the first
+// variant that failed.
+func TestReplayPerturbOutOfMemoryTable(t *testing.T) {
+	// 64 MiB of host memory. fails: the trace itself wants 100 MiB at
+	// once. fits: the trace needs 60 MiB and fits, its variants (a first
+	// block of 1.5 MiB or more besides) do not.
+	fails := writeTrace(t, "fails.trace", "a 1 41943040 0\na 2 62914560 0\nf 1\nf 2\na 3 1024 0\n")
+	fits := writeTrace(t, "fits.trace", "a 1 62914560 0\nf 1\n")
+	out, _, err := run(t, "replay", "--backend", "host", "--capacity", "64MiB", "--perturb", "2", "--seed", "7", fails, fits)
+	require.ErrorIs(t, err, vmm.ErrOutOfMemory)
+	_, variants, ok := strings.Cut(out, "\npeak reserved / peak live of 2 variants")
+	require.True(t, ok, out)
+	require.Regexp(t, `fails\.trace +n/a \(OOM\) +2 +n/a \(OOM\) +n/a \(OOM\) +n/a \(OOM\) +7 *\n`, variants)
+	require.Regexp(t, `fits\.trace +1\.\d{4} +2 +n/a \(OOM\) +n/a \(OOM\) +n/a \(OOM\) +7 *\n`, variants)
+	require.NotRegexp(t, `0\.\d{4}`, variants, "no flattered ratio")
+
+	// Variants that fail under a trace that does not: the legend is printed.
+	out, _, err = run(t, "replay", "--backend", "host", "--capacity", "64MiB", "--perturb", "1", fits)
+	require.ErrorIs(t, err, vmm.ErrOutOfMemory)
+	require.Contains(t, out, "n/a (OOM): allocations failed")
+}
+
 // TestReplayWriteVariants: --write-variants writes each variant, which
 // replays alone to the variant's own ratio, and replaces no file.
 func TestReplayWriteVariants(t *testing.T) {

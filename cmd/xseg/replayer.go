@@ -134,22 +134,24 @@ func (p *resultPrinter) flush() error {
 	fmt.Fprintf(tw, "%-*s\tevents\tpeak live\tpeak reserved\tpeak reserved / peak live\tns/event\tmaps\tunmaps\tretries\tooms\t\n", width, "trace")
 	failed, empty := false, false
 	for _, r := range p.result {
-		ratio := ratioCell(r.Result)
 		switch {
 		case r.OOMs > 0:
-			ratio, failed = "n/a (OOM)", true
+			failed = true
 		case r.PeakLive == 0:
 			empty = true
 		}
+		if _, ok := firstOOM(r.Variants); ok {
+			failed = true
+		}
 		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%s\t%s\t%.0f\t%d\t%d\t%d\t%d\t\n",
-			width, r.Trace, r.Events, bytesize.FormatFixed(r.PeakLive, 3), bytesize.FormatFixed(r.PeakReserved, 3), ratio,
+			width, r.Trace, r.Events, bytesize.FormatFixed(r.PeakLive, 3), bytesize.FormatFixed(r.PeakReserved, 3), ratioCell(r.Result),
 			r.NsPerEvent, r.Maps, r.Unmaps, r.Retries, r.OOMs)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	if failed {
-		fmt.Fprintln(p.w, "n/a (OOM): allocations failed, so the allocator never held the trace's peak of live bytes; the ratio would flatter it (--json still gives it)")
+		fmt.Fprintln(p.w, oomCell+": allocations failed, so the allocator never held the trace's peak of live bytes; the ratio would flatter it (--json still gives it)")
 	}
 	if empty {
 		fmt.Fprintln(p.w, "n/a: the trace never holds a live byte, so there is no ratio (--json gives 0)")
@@ -160,14 +162,32 @@ func (p *resultPrinter) flush() error {
 	return p.flushVariants(width)
 }
 
-// ratioCell is a result's ratio as the table prints it: n/a for a trace
-// that never holds a live byte (its Ratio, in --json too, is 0), where
-// peak reserved / peak live has no value.
+// ratioCell is a result's ratio as the tables print it: n/a (OOM) for a
+// replay whose allocations failed (the allocator never held the trace's
+// peak, so the ratio would flatter it; --json still gives it), n/a for a
+// trace that never holds a live byte (its Ratio, in --json too, is 0),
+// where peak reserved / peak live has no value.
 func ratioCell(r trace.Result) string {
-	if r.PeakLive == 0 {
+	switch {
+	case r.OOMs > 0:
+		return oomCell
+	case r.PeakLive == 0:
 		return "n/a"
 	}
 	return fmt.Sprintf("%.4f", r.Ratio)
+}
+
+// oomCell stands for the ratio of a replay whose allocations failed.
+const oomCell = "n/a (OOM)"
+
+// firstOOM is the seed of the first of vs whose allocations failed.
+func firstOOM(vs []trace.VariantResult) (uint64, bool) {
+	for _, v := range vs {
+		if v.OOMs > 0 {
+			return v.Seed, true
+		}
+	}
+	return 0, false
 }
 
 // flushVariants prints, for --perturb, each trace's ratio beside the
@@ -180,6 +200,13 @@ func (p *resultPrinter) flushVariants(width int) error {
 		s := trace.SpreadOf(r.Variants)
 		if s.Variants == 0 {
 			fmt.Fprintf(tw, "%-*s\t%s\t0\t\t\t\t\t\n", width, r.Trace, ratioCell(r.Result))
+			continue
+		}
+		if seed, ok := firstOOM(r.Variants); ok {
+			// Their spread would flatter the allocator: the worst seed is
+			// the first variant that failed.
+			fmt.Fprintf(tw, "%-*s\t%s\t%d\t%s\t%s\t%s\t%d\t\n",
+				width, r.Trace, ratioCell(r.Result), s.Variants, oomCell, oomCell, oomCell, seed)
 			continue
 		}
 		fmt.Fprintf(tw, "%-*s\t%s\t%d\t%.4f\t%.4f\t%.4f\t%d\t\n",
