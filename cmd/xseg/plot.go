@@ -78,9 +78,23 @@ func (p *tracePlot) sampler(t *trace.Trace, a trace.Allocator) (func(int), int) 
 	if p == nil {
 		return nil, 0
 	}
-	s := &plotSeries{name: traceName(t.Name), every: max((len(t.Events)+plotPoints-1)/plotPoints, 1), last: len(t.Events)}
+	s := &plotSeries{name: p.uniqueName(traceName(t.Name)), every: max((len(t.Events)+plotPoints-1)/plotPoints, 1), last: len(t.Events)}
 	p.series = append(p.series, s)
 	return s.add(a), 1
+}
+
+// uniqueName is name, or name-2, name-3, ... if a series has it already:
+// traces of one file name in two folders (or a.trace and a.trace.gz) get
+// a file each.
+func (p *tracePlot) uniqueName(name string) string {
+	taken := func(n string) bool {
+		return slices.ContainsFunc(p.series, func(s *plotSeries) bool { return s.name == n })
+	}
+	unique := name
+	for i := 2; taken(unique); i++ {
+		unique = fmt.Sprintf("%s-%d", name, i)
+	}
+	return unique
 }
 
 // result records the result of the trace last sampled, for its title and

@@ -169,3 +169,31 @@ func TestPlotTitleOOM(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "peak reserved 0 B / peak live 0 B = n/a", title.FindString(string(svg)))
 }
+
+// TestPlotSameNames: traces whose names are alike (one file name in two
+// folders, a.trace and a.trace.gz) were plotted into one file, each over
+// the one before, and the command said it wrote both. Each gets a file of
+// its own.
+func TestPlotSameNames(t *testing.T) {
+	a1 := writeTrace(t, "a.trace", synthetic)
+	a2 := writeTrace(t, "a.trace", synthetic+"f 4\n")
+	a3 := writeTrace(t, "a.trace.gz", synthetic)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out.png")
+	_, stderr, err := run(t, "replay", "--backend", "host", "--plot", out, a1, a2, a3)
+	require.NoError(t, err, stderr)
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	require.Len(t, lines, 3, stderr)
+	seen := map[string]bool{}
+	for _, l := range lines {
+		_, path, ok := strings.Cut(l, " written to ")
+		require.True(t, ok, l)
+		require.False(t, seen[path], "%s written twice: %s", path, stderr)
+		seen[path] = true
+		requirePNG(t, path)
+	}
+	require.True(t, seen[filepath.Join(dir, "out.a.png")], stderr)
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 3)
+}

@@ -85,7 +85,7 @@ existing file), for another allocator to replay the same variant.`,
 	fl.StringVar(&f.conf, "conf", "", "allocator configuration in `XSEG_CONF` syntax (key:value,...), applied over the environment's")
 	fl.BoolVar(&f.json, "json", false, "print one JSON object a line per trace")
 	fl.BoolVarP(&f.verbose, "verbose", "v", false, "log the allocator's informational messages to stderr")
-	fl.StringVar(&f.plot, "plot", "", "draw live and reserved bytes over each trace's events into `FILE.png` (or .svg, .pdf, ...; with several traces, FILE.<trace>.png)")
+	fl.StringVar(&f.plot, "plot", "", "draw live and reserved bytes over each trace's events into `FILE.png` (or .svg, .pdf, ...; with several traces, FILE.<trace>.png, FILE.<trace>-2.png for a second trace of that name)")
 	fl.IntVar(&f.perturb, "perturb", 0, "also replay `N` perturbed variants of each trace and report their worst ratio")
 	fl.Var((*seedFlag)(&f.seed), "seed", "with --perturb, the seed `S` of the first variant; the others follow it")
 	fl.Float64Var(&f.jitter, "jitter", trace.DefaultJitter, "with --perturb, the largest fraction `F` by which a size is raised")
