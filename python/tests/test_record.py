@@ -2,6 +2,7 @@
 torch.cuda.memory._snapshot() returns becomes the trace format that
 `xseg replay` reads (bench/trace's Go test parses the same trace)."""
 
+import contextlib
 import gzip
 import os
 import re
@@ -130,3 +131,76 @@ def test_command_line():
     assert (ns.output, ns.device, ns.script, ns.args) == ("t.gz", 1, "train.py", ["--steps", "3"])
     with pytest.raises(SystemExit):
         record.main(["-o", "/proc/no/such/dir/t.gz", "train.py"])
+
+
+def _one(*events):
+    return {"device_traces": [list(events)]}
+
+
+@pytest.mark.parametrize("events, match", [
+    # A missing key was a bare KeyError: 'size' naming no event.
+    ([{"action": "alloc", "addr": 16, "stream": 0}], r"event 0 \(alloc\): no 'size'"),
+    ([{"action": "alloc", "size": 512}], r"event 0 \(alloc\): no 'addr'"),
+    ([{"action": "alloc", "addr": 16, "size": 512}, {"action": "free_completed"}],
+     r"event 1 \(free_completed\): no 'addr'"),
+    # int(1.5) made a 1-byte allocation without a word; int("x") said
+    # "invalid literal" and int(None) "NoneType", naming no event.
+    ([{"action": "alloc", "addr": 16, "size": 1.5}], r"event 0 \(alloc\): size 1\.5 is not a whole number"),
+    ([{"action": "alloc", "addr": 16, "size": "512x"}], r"event 0 \(alloc\): size '512x' is not a whole number"),
+    ([{"action": "alloc", "addr": None, "size": 512}], r"event 0 \(alloc\): addr None is not a whole number"),
+    ([{"action": "alloc", "addr": 16, "size": 512, "stream": None}], r"event 0 \(alloc\): stream None"),
+    ([{"action": "alloc", "addr": 16, "size": True}], r"event 0 \(alloc\): size True"),
+    # Sizes the trace format cannot hold: xseg replay refused the trace
+    # written, after the workload had run.
+    ([{"action": "alloc", "addr": 16, "size": -1}], r"event 0 \(alloc\): size -1 is not in \[0, 2\*\*64\)"),
+    ([{"action": "alloc", "addr": 16, "size": 1 << 64}], r"event 0 \(alloc\): size 18446744073709551616 is not in"),
+    # An event that is not a dict was an AttributeError.
+    ([{"action": "alloc", "addr": 16, "size": 512}, ["alloc", 16, 512]], r"event 1: not a dict"),
+    ([None], r"event 0: not a dict"),
+])
+def test_convert_bad_events(events, match):
+    with pytest.raises(ValueError, match=r"^xseg\.record: device 0, " + match):
+        record.convert(_one(*events))
+
+
+def test_convert_bad_traces():
+    # A device's trace that is not a list was iterated as one (a dict's
+    # keys, a string's characters).
+    for traces, match in [
+        ([{"action": "alloc"}], r"device 0: the trace is a dict, not a list of events"),
+        ([[], "alloc"], r"device 1: the trace is a str, not a list of events"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            record.convert({"device_traces": traces})
+    with pytest.raises(ValueError, match="not a dict"):
+        record.convert([])  # a snapshot that is not a dict
+    # Other actions are left out, whatever they hold.
+    snap = _one({"action": "alloc", "addr": 16, "size": 512}, {"action": "segment_map"}, {"action": "oom", "size": "?"},
+                {"action": "free_requested", "addr": 16})
+    assert record.convert(snap).text() == "a 0 512 0\nf 0\n"
+
+
+def test_main_checks_before_running(tmp_path, monkeypatch):
+    # --device -1, --max-entries 0 and an output that is a directory were
+    # found wrong only after the workload had run (or not at all).
+    ran = []
+
+    @contextlib.contextmanager
+    def fake_record(path, device=None, max_entries=record.DEFAULT_MAX_ENTRIES):
+        ran.append(path)
+        yield
+
+    monkeypatch.setattr(record, "record", fake_record)
+    script = tmp_path / "work.py"
+    script.write_text("")
+    out = str(tmp_path / "t.trace.gz")
+    for argv in (["-o", out, "--device", "-1", str(script)],
+                 ["-o", out, "--max-entries", "0", str(script)],
+                 ["-o", out, "--max-entries", "-5", str(script)],
+                 ["-o", str(tmp_path), str(script)]):
+        with pytest.raises(SystemExit) as e:
+            record.main(argv)
+        assert e.value.code == 2, argv
+    assert ran == [], "the workload did not run"
+    assert record.main(["-o", out, "--device", "0", "--max-entries", "1", str(script)]) == 0
+    assert ran == [out]

@@ -36,7 +36,7 @@ import gzip
 import os
 import runpy
 import sys
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 __all__ = ["Trace", "convert", "write", "record", "parser", "main"]
 
@@ -84,37 +84,67 @@ class Trace:
         self.lines.append(f"f {i}")
 
 
-def _device_trace(snapshot: Dict[str, Any], device: Optional[int]) -> List[Dict[str, Any]]:
+def _device_trace(snapshot: Dict[str, Any], device: Optional[int]) -> Tuple[int, List[Dict[str, Any]]]:
+    """The number of the device whose events to convert, and its events,
+    each checked to be a dict."""
+    if not isinstance(snapshot, dict):
+        raise ValueError(f"xseg.record: the snapshot is a {type(snapshot).__name__}, not a dict")
     traces = snapshot.get("device_traces")
     if not isinstance(traces, list):
         raise ValueError("xseg.record: the snapshot has no device_traces (was history recorded?)")
-    if device is not None:
-        if not 0 <= device < len(traces):
-            raise ValueError(f"xseg.record: device {device}: the snapshot has traces of {len(traces)} device(s)")
-        return traces[device] or []
-    busy = [d for d, t in enumerate(traces) if t]
-    if len(busy) > 1:
-        raise ValueError(f"xseg.record: devices {busy} all have events; say which one (device=, --device)")
-    return traces[busy[0]] if busy else []
+    for d, t in enumerate(traces):
+        if t is not None and not isinstance(t, list):
+            raise ValueError(f"xseg.record: device {d}: the trace is a {type(t).__name__}, not a list of events")
+    if device is None:
+        busy = [d for d, t in enumerate(traces) if t]
+        if len(busy) > 1:
+            raise ValueError(f"xseg.record: devices {busy} all have events; say which one (device=, --device)")
+        if not busy:
+            return 0, []
+        device = busy[0]
+    elif not 0 <= device < len(traces):
+        raise ValueError(f"xseg.record: device {device}: the snapshot has traces of {len(traces)} device(s)")
+    events = traces[device] or []
+    for i, e in enumerate(events):
+        if not isinstance(e, dict):
+            raise ValueError(f"xseg.record: device {device}, event {i}: not a dict but a {type(e).__name__}")
+    return device, events
+
+
+def _whole(device: int, i: int, e: Dict[str, Any], key: str, default: Optional[int] = None) -> int:
+    """The whole number e[key] of event i (default where it has no key
+    and default is not None), or a ValueError that names the event."""
+    where = f"xseg.record: device {device}, event {i} ({e.get('action')})"
+    if key not in e and default is not None:
+        return default
+    if key not in e:
+        raise ValueError(f"{where}: no {key!r}")
+    v = e[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{where}: {key} {v!r} is not a whole number")
+    return v
 
 
 def convert(snapshot: Dict[str, Any], device: Optional[int] = None) -> Trace:
     """Convert a snapshot (what ``torch.cuda.memory._snapshot()`` returns)
     into a trace: the events of ``device``, or of the only device with
     events. Actions other than allocations and frees (segment maps, OOMs,
-    snapshots) are left out."""
-    events = _device_trace(snapshot, device)
+    snapshots) are left out. A snapshot the trace cannot be made of (an
+    allocation or free without an ``addr``, a ``size`` or ``stream`` that
+    is not a whole number, a size outside [0, 2**64)) raises ValueError
+    naming the device and the event's index."""
+    device, events = _device_trace(snapshot, device)
     free_action = "free_requested" if any(e.get("action") == "free_requested" for e in events) else "free_completed"
     t = Trace()
-    for e in events:
+    for i, e in enumerate(events):
         action = e.get("action")
         if action == "alloc":
-            size = int(e["size"])
-            if size < 0:
-                raise ValueError(f"xseg.record: an allocation of {size} bytes")
-            t._alloc(int(e["addr"]), size, int(e.get("stream", 0)))
+            addr, size = _whole(device, i, e, "addr"), _whole(device, i, e, "size")
+            if not 0 <= size < 1 << 64:
+                raise ValueError(f"xseg.record: device {device}, event {i} (alloc): size {size} is not in [0, 2**64)")
+            t._alloc(addr, size, _whole(device, i, e, "stream", 0))
         elif action == free_action:
-            t._free(int(e["addr"]))
+            t._free(_whole(device, i, e, "addr"))
     return t
 
 
@@ -156,14 +186,27 @@ def record(path: str, device: Optional[int] = None, max_entries: int = DEFAULT_M
               file=sys.stderr)
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number, low or more."""
+    def parse(s: str) -> int:
+        try:
+            n = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a whole number") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"{n}: want {low} or more")
+        return n
+    return parse
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line of ``python3 -m xseg.record``."""
     p = argparse.ArgumentParser(
         prog="python3 -m xseg.record",
         description="Run a PyTorch script and record its CUDA allocations as a trace for `xseg replay`.")
     p.add_argument("-o", "--output", required=True, help="trace file to write (.gz: gzip-compressed)")
-    p.add_argument("--device", type=int, default=None, help="device whose events to write (default: the only one with events)")
-    p.add_argument("--max-entries", type=int, default=DEFAULT_MAX_ENTRIES,
+    p.add_argument("--device", type=_at_least(0), default=None, help="device whose events to write (default: the only one with events)")
+    p.add_argument("--max-entries", type=_at_least(1), default=DEFAULT_MAX_ENTRIES,
                    help="events PyTorch keeps (older ones are dropped) (default %(default)s)")
     p.add_argument("script", help="the Python script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
@@ -177,8 +220,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = parser()
     ns = p.parse_args(argv)
     out_dir = os.path.dirname(os.path.abspath(ns.output))
+    # Checked before the workload runs, not after.
+    if os.path.isdir(ns.output):
+        p.error(f"-o {ns.output}: a directory; name the trace file to write")
     if not os.access(out_dir, os.W_OK):
-        p.error(f"cannot write to {out_dir}")  # before the workload runs, not after
+        p.error(f"cannot write to {out_dir}")
     sys.argv = [ns.script] + ns.args
     sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
     with record(ns.output, ns.device, ns.max_entries):
