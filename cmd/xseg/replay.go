@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -93,12 +94,17 @@ existing file), for another allocator to replay the same variant.`,
 	return cmd
 }
 
-// checkPerturbFlags rejects a negative --perturb, a --jitter outside [0,
-// 1], a --write-variants that is not a directory, and --seed, --jitter or
+// checkPerturbFlags rejects a negative --perturb, seeds that would pass
+// 2^64-1 (--seed + --perturb - 1), a --jitter outside [0, 1], a
+// --write-variants that is not a directory, and --seed, --jitter or
 // --write-variants without --perturb (they would do nothing).
 func checkPerturbFlags(cmd *cobra.Command, f *replayFlags) error {
 	if f.perturb < 0 {
 		return fmt.Errorf("--perturb %d: want a number of variants, 0 or more", f.perturb)
+	}
+	if f.perturb > 0 && f.seed > math.MaxUint64-uint64(f.perturb-1) {
+		return fmt.Errorf("--seed %d with --perturb %d: the last seed would be %d + %d, past %d",
+			f.seed, f.perturb, f.seed, f.perturb-1, uint64(math.MaxUint64))
 	}
 	if err := f.perturbation(0).Validate(); err != nil {
 		return fmt.Errorf("--jitter %v: %w", f.jitter, err)

@@ -308,6 +308,9 @@ func TestReplayPerturbFlags(t *testing.T) {
 		{[]string{"--write-variants", t.TempDir()}, "--write-variants applies to the variants of --perturb N, and --perturb is 0"},
 		{[]string{"--perturb", "1", "--write-variants", tr}, "--write-variants " + tr + ": not a directory"},
 		{[]string{"--perturb", "1", "--write-variants", none}, "--write-variants: stat " + none + ": no such file or directory"},
+		// The seeds wrapped past 2^64-1 to 0: "seeds 18446744073709551615 to 0".
+		{[]string{"--perturb", "2", "--seed", "18446744073709551615"}, "--seed 18446744073709551615 with --perturb 2: the last seed would be 18446744073709551615 + 1, past 18446744073709551615"},
+		{[]string{"--perturb", "5", "--seed", "18446744073709551612"}, "--seed 18446744073709551612 with --perturb 5: the last seed would be 18446744073709551612 + 4, past 18446744073709551615"},
 	} {
 		_, _, err := run(t, append(append([]string{"replay", "--backend", "host"}, c.args...), tr)...)
 		require.EqualError(t, err, c.msg, "%v", c.args)
