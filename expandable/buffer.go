@@ -3,6 +3,7 @@ package expandable
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/xseg-dev/xseg/internal/core"
@@ -85,8 +86,8 @@ const DefaultBufferPageSize = 2 << 20
 // NewBuffer reserves maxSize bytes of address space (rounded up to the page
 // size) on device dev of d for a buffer of length 0. Nothing is mapped
 // yet. The device must support VMM (else vmm.ErrNotSupported); a page size
-// that is not a multiple of the granularity, or a max of 0, is
-// vmm.ErrInvalid. The buffer does not close d.
+// that is not a multiple of the granularity, a max of 0, or one that
+// rounds up to whole pages past 2^64-1, is vmm.ErrInvalid. The buffer does not close d.
 func NewBuffer(d vmm.Driver, dev vmm.Device, maxSize uint64, opts BufferOptions) (*Buffer, error) {
 	info, err := d.DeviceInfo(dev)
 	if err != nil {
@@ -104,6 +105,9 @@ func NewBuffer(d vmm.Driver, dev vmm.Device, maxSize uint64, opts BufferOptions)
 	}
 	if maxSize == 0 {
 		return nil, fmt.Errorf("buffer: maximum size 0: %w", vmm.ErrInvalid)
+	}
+	if maxSize > math.MaxUint64-(ps-1) {
+		return nil, fmt.Errorf("buffer: maximum size %d rounded up to whole pages of %d bytes passes 2^64-1: %w", maxSize, ps, vmm.ErrInvalid)
 	}
 	if opts.Shareable && !info.PosixFD {
 		return nil, fmt.Errorf("buffer: device %d cannot export pages as fds: %w", dev, vmm.ErrNotSupported)

@@ -2,6 +2,8 @@ package expandable
 
 import (
 	"bytes"
+	"fmt"
+	"math"
 	"sync"
 	"testing"
 
@@ -212,6 +214,27 @@ func TestNewBufferBadInput(t *testing.T) {
 	b := newBuffer(t, d, 64*mib, BufferOptions{PageSize: 4 * mib})
 	require.NoError(t, b.Grow(1))
 	require.Equal(t, uint64(4*mib), b.Cap())
+}
+
+// TestNewBufferMaxOverflow: a maximum that rounds up past 2^64-1 to whole
+// pages (math.MaxUint64 for "no limit", or a huge page size) wrapped to a
+// reservation of 0 bytes, which the driver was asked for and refused with
+// "reserving 0 bytes". NewBuffer refuses it itself, naming the maximum.
+func TestNewBufferMaxOverflow(t *testing.T) {
+	d := vmmtest.HostDriver(t, 1<<30)
+	f := vmmtest.NewFaulty(d)
+	for _, c := range []struct{ max, page uint64 }{
+		{math.MaxUint64, 0},
+		{math.MaxUint64 - 2*mib + 2, 0},
+		{1<<63 + 1, 1 << 63},
+	} {
+		_, err := NewBuffer(f, 0, c.max, BufferOptions{PageSize: c.page})
+		require.ErrorIs(t, err, vmm.ErrInvalid, c.max)
+		require.ErrorContains(t, err, fmt.Sprintf("maximum size %d", c.max))
+		require.NotContains(t, err.Error(), "reserving 0 bytes")
+	}
+	require.Zero(t, f.Calls(vmmtest.OpReserve), "nothing asked of the driver")
+	require.True(t, d.Usage().Zero())
 }
 
 // TestBufferPinShare maps the pages PinBlock lists a second time, through
