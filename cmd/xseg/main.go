@@ -1,10 +1,11 @@
 // Command xseg reports what this machine supports and drives the xseg
 // allocator with recorded allocation traces.
 //
-//	xseg info [--json] [--backend auto|host|cuda]
+//	xseg info [--json] [--backend auto|host|cuda] [--allocator auto|expandable|fallback]
+//	          [--capacity SIZE]
 //	xseg replay [--backend auto|host|cuda] [--allocator auto|expandable|fallback]
-//	            [--capacity SIZE] [--conf XSEG_CONF] [--json] [--plot FILE.png]
-//	            [--perturb N [--seed S] [--jitter F] [--write-variants DIR]] TRACE...
+//	            [--device N] [--capacity SIZE] [--conf XSEG_CONF] [-v|--verbose] [--json]
+//	            [--plot FILE.png] [--perturb N [--seed S] [--jitter F] [--write-variants DIR]] TRACE...
 //	xseg --version
 //
 // Sizes are read by package bytesize: 24GiB, 512MiB or plain bytes.

@@ -64,7 +64,8 @@ environment, --conf) does not parse.
 by a fraction drawn in [0, --jitter) once per size (equal sizes stay equal).
 A variant's ratio is over its own peak of live bytes, the first block
 included. The table then shows each trace's ratio and the best, median and
-worst ratio of its variants with the worst one's seed; --json adds the
+worst ratio of its variants with the worst one's seed (n/a (OOM) where a
+variant's allocations failed, with the first such variant's seed); --json adds the
 field "variants", one result (with its "seed") per variant. A policy whose
 ratio holds only for the exact trace shows there. --write-variants DIR also
 writes each variant into DIR as NAME.seed<S>.trace.gz (never over an
