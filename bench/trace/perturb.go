@@ -52,7 +52,7 @@ func (p Perturbation) Validate() error {
 	switch {
 	case math.IsNaN(p.Jitter) || p.Jitter < 0 || p.Jitter > 1:
 		return fmt.Errorf("perturbation: jitter %v is not in [0, 1]: %w", p.Jitter, vmm.ErrInvalid)
-	case p.ShiftMax != 0 && roundUp(p.ShiftMin) > p.ShiftMax:
+	case p.ShiftMax != 0 && (roundUp(p.ShiftMin) > p.ShiftMax || roundUp(p.ShiftMin) < p.ShiftMin):
 		return fmt.Errorf("perturbation: no multiple of %d bytes in [%d, %d]: %w", ShiftStep, p.ShiftMin, p.ShiftMax, vmm.ErrInvalid)
 	}
 	return nil
@@ -168,7 +168,8 @@ func (p Perturbation) raise(size uint64) uint64 {
 // (which are keyed by the size): no allocation is 2^64-1 bytes.
 const shiftStream = math.MaxUint64
 
-// roundUp rounds n up to a multiple of ShiftStep, saturating.
+// roundUp rounds n up to a multiple of ShiftStep, saturating: past the
+// largest multiple, it returns that one, below n (Validate refuses it).
 func roundUp(n uint64) uint64 {
 	if n > math.MaxUint64-(ShiftStep-1) {
 		return math.MaxUint64 &^ (ShiftStep - 1)

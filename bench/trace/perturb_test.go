@@ -2,6 +2,7 @@ package trace
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"testing"
 
@@ -165,6 +166,27 @@ func TestPerturbEdges(t *testing.T) {
 		_, err := Perturb(parse(t, good), p)
 		require.ErrorIs(t, err, vmm.ErrInvalid, "%+v", p)
 	}
+}
+
+// TestPerturbShiftMinNearTop: ShiftMin within 511 of 2^64-1 has no
+// multiple of ShiftStep at or above it, but roundUp saturated to the one
+// below it, so Validate passed and the first block was smaller than
+// ShiftMin. Validate refuses such a range.
+func TestPerturbShiftMinNearTop(t *testing.T) {
+	for _, p := range []Perturbation{
+		{ShiftMin: math.MaxUint64 - 10, ShiftMax: math.MaxUint64},
+		{ShiftMin: math.MaxUint64, ShiftMax: math.MaxUint64},
+	} {
+		require.ErrorIs(t, p.Validate(), vmm.ErrInvalid, "%+v", p)
+		v, err := Perturb(parse(t, ""), p)
+		require.ErrorIs(t, err, vmm.ErrInvalid, "%+v", p)
+		require.Nil(t, v)
+	}
+	// The largest multiple of ShiftStep is a valid first block.
+	top := uint64(math.MaxUint64) &^ (ShiftStep - 1)
+	v, err := Perturb(parse(t, ""), Perturbation{ShiftMin: top - 5, ShiftMax: math.MaxUint64})
+	require.NoError(t, err)
+	require.Equal(t, top, v.Events[0].Size)
 }
 
 func TestSpreadOf(t *testing.T) {
