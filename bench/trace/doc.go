@@ -17,7 +17,8 @@
 //
 // [Parse] and [ReadFile] read a whole trace and check it before anything is
 // replayed, so a bad trace fails with a [*SyntaxError] naming the line and
-// (the first bytes of) its text, and a replay spends its time on the
+// (the first bytes of) its text (a read error, such as gzip data cut
+// short, names the line it stopped at), and a replay spends its time on the
 // allocator only: ids become dense slot numbers and streams indexes into
 // [Trace.Streams]. They stream the input: memory grows with the events, not
 // with the bytes read, and a line may be at most [MaxLineLen] bytes long.

@@ -109,30 +109,32 @@ func ReadFile(path string) (*Trace, error) {
 // so blank lines cost nothing but the time to skip them (a 400 KiB gzip
 // of newlines inflates to 400 MB).
 func Parse(name string, r io.Reader) (*Trace, error) {
-	src, err := decompress(bufio.NewReaderSize(r, 1<<16))
+	src, gzipped, err := decompress(bufio.NewReaderSize(r, 1<<16))
 	if err != nil {
 		return nil, fmt.Errorf("reading trace %s: %w", name, err)
 	}
-	p := parser{t: &Trace{Name: name}, ids: make(map[uint64]uint32), streams: make(map[uint32]uint16)}
+	p := parser{t: &Trace{Name: name}, gzipped: gzipped, ids: make(map[uint64]uint32), streams: make(map[uint32]uint16)}
 	if err := p.parse(bufio.NewReaderSize(src, 2*MaxLineLen)); err != nil {
 		return nil, err
 	}
 	return p.finish(), nil
 }
 
-// decompress returns the decompressed stream of br: br itself for plain
-// text.
-func decompress(br *bufio.Reader) (io.Reader, error) {
+// decompress returns the decompressed stream of br, and whether it is
+// gzip: br itself for plain text.
+func decompress(br *bufio.Reader) (io.Reader, bool, error) {
 	magic, err := br.Peek(2)
 	if err == nil && magic[0] == 0x1f && magic[1] == 0x8b {
-		return gzip.NewReader(br)
+		zr, err := gzip.NewReader(br)
+		return zr, true, err
 	}
-	return br, nil
+	return br, false, nil
 }
 
 // parser holds the state of one Parse call.
 type parser struct {
 	t         *Trace
+	gzipped   bool
 	ids       map[uint64]uint32 // id -> slot
 	allocLine []uint32          // by slot
 	freeLine  []uint32          // by slot; 0 while live
@@ -150,7 +152,10 @@ func (p *parser) parse(br *bufio.Reader) error {
 		case len(line) > MaxLineLen || errors.Is(err, bufio.ErrBufferFull):
 			return &SyntaxError{Name: p.t.Name, Line: lineNo, Msg: fmt.Sprintf("line longer than %d bytes", MaxLineLen)}
 		case err != nil && err != io.EOF:
-			return fmt.Errorf("reading trace %s: %w", p.t.Name, err)
+			if p.gzipped && errors.Is(err, io.ErrUnexpectedEOF) {
+				err = fmt.Errorf("the gzip data ends early (a truncated file, or bytes after it that are not gzip): %w", err)
+			}
+			return fmt.Errorf("reading trace %s at line %d: %w", p.t.Name, lineNo, err)
 		}
 		if perr := p.line(lineNo, bytes.TrimSuffix(line, []byte{'\n'})); perr != nil {
 			return perr

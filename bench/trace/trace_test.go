@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"compress/gzip"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -118,6 +122,32 @@ func TestParseBadGzip(t *testing.T) {
 	require.Error(t, err)
 	var se *SyntaxError
 	require.False(t, errors.As(err, &se), "a truncated file is a read error, not a syntax error: %v", err)
+}
+
+// TestParseBadGzipSaysWhere: a truncated gzip, or one followed by bytes
+// that are not gzip, failed with "reading trace t: unexpected EOF", which
+// named neither the gzip data nor how far the trace had parsed. The error
+// names both, and is still a read error (io.ErrUnexpectedEOF), not a
+// syntax error.
+func TestParseBadGzipSaysWhere(t *testing.T) {
+	var text strings.Builder
+	for i := range 2000 {
+		fmt.Fprintf(&text, "a %d %d 0\nf %d\n", i, 1000+i*7, i)
+	}
+	data := gz(t, text.String())
+	for name, bad := range map[string][]byte{
+		"truncated":      data[:len(data)/2],
+		"trailing bytes": append(append([]byte(nil), gz(t, good)...), "garbage\n"...),
+	} {
+		_, err := Parse("t.gz", bytes.NewReader(bad))
+		require.ErrorIs(t, err, io.ErrUnexpectedEOF, name)
+		var se *SyntaxError
+		require.False(t, errors.As(err, &se), name)
+		require.Regexp(t, `^reading trace t\.gz at line \d+: the gzip data ends early \(a truncated file, or bytes after it that are not gzip\): unexpected EOF$`, err.Error(), name)
+	}
+	_, err := Parse("t.gz", bytes.NewReader(data[:len(data)/2]))
+	n, _ := strconv.Atoi(regexp.MustCompile(`line (\d+)`).FindStringSubmatch(err.Error())[1])
+	require.Greater(t, n, 100, "the line the data ends in, past the events parsed")
 }
 
 func TestReadFile(t *testing.T) {
