@@ -26,10 +26,7 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 	t1 := time.Now()
 	m.stages.Fetch = t1.Sub(t0)
 	m.recv, m.via, m.leased, m.claimed = r, r.Via, r.Leased(), r.Claimed()
-	access := opts.Access
-	if access == vmm.AccessNone {
-		access = vmm.AccessReadWrite
-	}
+	access := m.key.access // the default filled in (mapAccess)
 	m.access = access
 	if m.desc.Kind == handles.KindPosixFD && m.im.opts.KeepFor > 0 {
 		if k := m.im.takeKept(m.desc, dev, access, r.FDs); k != nil {
