@@ -6,6 +6,8 @@ import (
 	"context"
 	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -221,4 +223,33 @@ func TestProbePidfdGetfd(t *testing.T) {
 		return
 	}
 	require.NoError(t, ProbePidfdGetfd(), "a definite answer is cached")
+}
+
+// TestNewExporterRefusesEndpointsNoDescriptorCarries: an endpoint that no
+// descriptor can name ("@" alone, which the kernel would bind to a name
+// of its own choosing; more than 107 bytes; a NUL) is refused up front,
+// before anything listens, instead of making an exporter whose every
+// share fails. The longest endpoint a descriptor carries serves.
+func TestNewExporterRefusesEndpointsNoDescriptorCarries(t *testing.T) {
+	requireNoFDLeak(t)
+	long := filepath.Join(t.TempDir(), strings.Repeat("x", 108))
+	for _, ep := range []string{"@", "@" + strings.Repeat("x", handles.MaxEndpoint), "@a\x00b", long[:handles.MaxEndpoint+1]} {
+		e, err := NewExporter(ExporterOptions{Endpoint: ep})
+		require.ErrorIs(t, err, vmm.ErrInvalid, "endpoint %q", ep)
+		require.Nil(t, e)
+	}
+	_, err := os.Stat(long[:handles.MaxEndpoint+1])
+	require.ErrorIs(t, err, os.ErrNotExist, "nothing listened")
+
+	for _, ep := range []string{"@" + strings.Repeat("x", handles.MaxEndpoint-1), long[:min(len(long), handles.MaxEndpoint)]} {
+		e, err := NewExporter(ExporterOptions{Endpoint: ep})
+		require.NoError(t, err, "endpoint %q", ep)
+		s := smallShare(t, e, 1)
+		require.Equal(t, ep, s.Descriptor().Endpoint)
+		r, err := Fetch(context.Background(), s.Descriptor(), FetchOptions{Transports: []Transport{TransportSocket}})
+		require.NoError(t, err)
+		requireSameFiles(t, s, r.FDs)
+		require.NoError(t, r.Close())
+		require.NoError(t, e.Close())
+	}
 }
