@@ -253,3 +253,47 @@ func TestNewExporterRefusesEndpointsNoDescriptorCarries(t *testing.T) {
 		require.NoError(t, e.Close())
 	}
 }
+
+// TestFailedShareReleasesOnce pins what ShareFDs documents: a share that
+// fails has taken its fds (closed) and run its release, once, so that its
+// caller must not undo the release itself (ShareBlock relies on it to
+// unpin). So do ShareFabric and ShareCUDAIPC.
+func TestFailedShareReleasesOnce(t *testing.T) {
+	requireNoFDLeak(t)
+	e := newExporter(t, ExporterOptions{})
+	closed, err := NewExporter(ExporterOptions{NoSocket: true})
+	require.NoError(t, err)
+	require.NoError(t, closed.Close())
+	ok := Extent{PageSize: 4096, Length: 4096}
+	for _, c := range []struct {
+		name  string
+		share func(release func() error) error
+		want  error
+	}{
+		{"zero length", func(r func() error) error {
+			_, err := e.ShareFDs(makePages(t, 1, 4096), Extent{PageSize: 4096}, r)
+			return err
+		}, vmm.ErrInvalid},
+		{"nil fd", func(r func() error) error {
+			_, err := e.ShareFDs(append(makePages(t, 1, 4096), nil), Extent{PageSize: 4096, Length: 8192}, r)
+			return err
+		}, vmm.ErrInvalid},
+		{"closed exporter", func(r func() error) error {
+			_, err := closed.ShareFDs(makePages(t, 2, 4096), Extent{PageSize: 4096, Length: 8192}, r)
+			return err
+		}, vmm.ErrClosed},
+		{"zero fabric handle", func(r func() error) error {
+			_, err := e.ShareFabric([]handles.Fabric{{}}, ok, r)
+			return err
+		}, vmm.ErrInvalid},
+		{"cuda-ipc on a closed exporter", func(r func() error) error {
+			_, err := closed.ShareCUDAIPC(handles.IPCHandle{1}, ok, r)
+			return err
+		}, vmm.ErrClosed},
+	} {
+		var released int
+		err := c.share(func() error { released++; return nil })
+		require.ErrorIs(t, err, c.want, c.name)
+		require.Equal(t, 1, released, "%s: the failed share ran its release once", c.name)
+	}
+}
