@@ -297,3 +297,71 @@ func TestFailedShareReleasesOnce(t *testing.T) {
 		require.Equal(t, 1, released, "%s: the failed share ran its release once", c.name)
 	}
 }
+
+// TestFetchStopsWhenCancelled: a socket exchange stops when its context
+// is cancelled, as Fetch and Open say ctx bounds it, not only at the
+// context's deadline (here it has none) or after defaultTimeout: an
+// exporter that accepts and never answers (stopped, or all its slots
+// taken) holds the importer no longer than its caller wants. So for the
+// fds by socket, a cuda-ipc lease, and the lease after a pidfd fetch, by
+// Fetch and by Open.
+func TestFetchStopsWhenCancelled(t *testing.T) {
+	requireNoFDLeak(t)
+	imp := backendDriver(t, "host") // checked for leaks once the listener is gone
+	silent := silentListener(t, "@xseg-silent-cancel-")
+	posix := &handles.Descriptor{
+		Kind: handles.KindPosixFD, ExporterPID: os.Getpid(), PageSize: 4096, PageCount: 1,
+		Length: 4096, Token: handles.Token{1}, Endpoint: silent,
+	}
+	cudaIPC := *posix
+	cudaIPC.Kind, cudaIPC.IPC = handles.KindCUDAIPC, handles.IPCHandle{1}
+	cudaIPC.ExporterPID = os.Getppid() // Open refuses its own process's handles
+	type fetchCase struct {
+		name  string
+		fetch func(ctx context.Context) error
+	}
+	cases := []fetchCase{
+		{"socket", func(ctx context.Context) error {
+			_, err := Fetch(ctx, posix, FetchOptions{Transports: []Transport{TransportSocket}})
+			return err
+		}},
+		{"cuda-ipc", func(ctx context.Context) error {
+			cudaIPC := cudaIPC
+			cudaIPC.ExporterPID = os.Getpid() // served by our silent socket
+			_, err := Fetch(ctx, &cudaIPC, FetchOptions{})
+			return err
+		}},
+		{"open socket", func(ctx context.Context) error {
+			b, err := posix.MarshalBinary()
+			require.NoError(t, err)
+			_, err = Open(ctx, b, imp, 0, socketOnly)
+			return err
+		}},
+	}
+	if ProbePidfdGetfd() == nil {
+		e := newExporter(t, ExporterOptions{NoSocket: true})
+		const ps = 2 << 20 // the importing host driver's granularity
+		s, err := e.ShareFDs(makePages(t, 1, ps), Extent{PageSize: ps, Length: ps}, nil)
+		require.NoError(t, err)
+		d := s.Descriptor()
+		d.Endpoint = silent
+		pidfdOnly := FetchOptions{Transports: []Transport{TransportPidfd}}
+		cases = append(cases, fetchCase{"pidfd lease", func(ctx context.Context) error {
+			_, err := Fetch(ctx, d, pidfdOnly)
+			return err
+		}}, fetchCase{"open pidfd lease", func(ctx context.Context) error {
+			b, err := d.MarshalBinary()
+			require.NoError(t, err)
+			_, err = Open(ctx, b, imp, 0, OpenOptions{Fetch: pidfdOnly})
+			return err
+		}})
+	}
+	for _, c := range cases {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(100*time.Millisecond, cancel)
+		start := time.Now()
+		err := c.fetch(ctx)
+		require.ErrorIs(t, err, context.Canceled, c.name)
+		require.Less(t, time.Since(start), 3*time.Second, "%s: the exchange stopped at the cancel", c.name)
+	}
+}

@@ -180,7 +180,9 @@ func (m *Mapping) AwaitLease() error {
 	}
 	if !mp.leaseDone {
 		t0 := time.Now()
-		mp.leaseErr = mp.recv.awaitLease()
+		// Open's ctx is over: the deadline the lease request was
+		// sent with bounds the wait.
+		mp.leaseErr = mp.recv.awaitLease(context.Background())
 		mp.leased = mp.recv.Leased()
 		mp.stages.Lease += time.Since(t0)
 		mp.leaseDone = true
