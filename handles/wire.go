@@ -1,11 +1,11 @@
 package handles
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"math/bits"
+	"strings"
 
 	"github.com/xseg-dev/xseg/vmm"
 )
@@ -269,8 +269,8 @@ func (d *Descriptor) Validate() error {
 	if err := d.validateExtent(); err != nil {
 		return err
 	}
-	if len(d.Endpoint) > MaxEndpoint || bytes.IndexByte([]byte(d.Endpoint), 0) >= 0 || d.Endpoint == "@" {
-		return invalid("endpoint %q: want at most %d bytes without NUL", d.Endpoint, MaxEndpoint)
+	if err := CheckEndpoint(d.Endpoint); err != nil {
+		return err
 	}
 	if d.Token.IsZero() {
 		return invalid("zero token")
@@ -287,6 +287,18 @@ func (d *Descriptor) Validate() error {
 		if f.IsZero() {
 			return invalid("zero fabric handle of page %d", i)
 		}
+	}
+	return nil
+}
+
+// CheckEndpoint checks that a descriptor can name the socket ep
+// (Descriptor.Endpoint): at most MaxEndpoint bytes, no NUL, and not "@"
+// alone (an abstract name needs a name); "" (no socket) is fine. An
+// exporter checks its endpoint with it before it listens. The error wraps
+// vmm.ErrInvalid.
+func CheckEndpoint(ep string) error {
+	if len(ep) > MaxEndpoint || strings.IndexByte(ep, 0) >= 0 || ep == "@" {
+		return invalid("endpoint %q: want at most %d bytes without NUL", ep, MaxEndpoint)
 	}
 	return nil
 }

@@ -24,11 +24,19 @@ func fetchSocket(ctx context.Context, d *handles.Descriptor) ([]*handles.FD, *ne
 	if d.Kind != handles.KindPosixFD {
 		return nil, nil, fmt.Errorf("a %s descriptor has no fds to pass: %w", d.Kind, vmm.ErrNotSupported)
 	}
-	conn, count, err := request(ctx, d, 0)
+	conn, err := dial(ctx, d)
 	if err != nil {
 		return nil, nil, err
 	}
-	fds, err := readFDs(conn, count)
+	done := stopOnCancel(ctx, conn)
+	count, err := exchange(conn, d, 0)
+	var fds []*handles.FD
+	if err == nil {
+		fds, err = readFDs(conn, count)
+	}
+	if cerr := done(); cerr != nil {
+		err = cancelled(cerr, err)
+	}
 	if err == nil {
 		err = conn.SetDeadline(time.Time{})
 	}
@@ -48,7 +56,7 @@ func takeLease(ctx context.Context, d *handles.Descriptor) (*net.UnixConn, error
 	if err != nil || p == nil {
 		return nil, err
 	}
-	return p.await()
+	return p.await(ctx)
 }
 
 // A pendingLease is a lease-only request sent and not yet answered: the
@@ -81,15 +89,19 @@ func askLease(ctx context.Context, d *handles.Descriptor, nonce uint64) (*pendin
 	return &pendingLease{conn, d, werr}, nil
 }
 
-// await reads the answer to the lease request: the connection is then the
-// lease. On failure the connection is closed.
-func (p *pendingLease) await() (*net.UnixConn, error) {
+// await reads the answer to the lease request, stopping when ctx ends:
+// the connection is then the lease. On failure the connection is closed.
+func (p *pendingLease) await(ctx context.Context) (*net.UnixConn, error) {
+	done := stopOnCancel(ctx, p.conn)
 	count, err := readReply(p.conn, p.d, true)
 	if p.werr != nil && !errors.Is(err, ErrRefused) {
 		err = fmt.Errorf("sending request: %w", p.werr)
 	}
 	if err == nil && count != 0 {
 		err = fmt.Errorf("exporter offers %d fds to a lease-only request", count)
+	}
+	if cerr := done(); cerr != nil {
+		err = cancelled(cerr, err)
 	}
 	if err == nil {
 		err = p.conn.SetDeadline(time.Time{})
@@ -101,24 +113,33 @@ func (p *pendingLease) await() (*net.UnixConn, error) {
 	return p.conn, nil
 }
 
-// request connects to d's endpoint, checks that the exporter's pid serves
-// it, sends a request with flags and reads the reply. It returns the open
-// connection and the number of fds that follow.
-func request(ctx context.Context, d *handles.Descriptor, flags byte) (*net.UnixConn, int, error) {
-	conn, err := dial(ctx, d)
-	if err != nil {
-		return nil, 0, err
+// stopOnCancel makes the end of ctx (a cancel, or its deadline) stop the
+// exchange on conn at once, not only at conn's deadline: it sets a
+// deadline in the past, which wakes every read and write blocked on conn.
+// The returned done ends the watch; it returns ctx's error if ctx ended
+// meanwhile, for the caller to fail the exchange with (see cancelled).
+func stopOnCancel(ctx context.Context, conn *net.UnixConn) (done func() error) {
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	return func() error {
+		if stop() {
+			return nil
+		}
+		return ctx.Err()
 	}
-	count, err := exchange(conn, d, flags)
-	if err != nil {
-		_ = conn.Close()
-		return nil, 0, err
+}
+
+// cancelled is the error of an exchange that the end of its context
+// (ctxErr) stopped; err is what the exchange saw, nil if it finished.
+func cancelled(ctxErr, err error) error {
+	if err == nil {
+		return fmt.Errorf("socket exchange: %w", ctxErr)
 	}
-	return conn, count, nil
+	return fmt.Errorf("%w (%w)", ctxErr, err)
 }
 
 // dial connects to d's endpoint, sets the exchange's deadline (ctx's, else
 // defaultTimeout from now) and checks that the exporter's pid serves it.
+// The caller watches ctx for a cancel (stopOnCancel) while it exchanges.
 func dial(ctx context.Context, d *handles.Descriptor) (*net.UnixConn, error) {
 	if d.Endpoint == "" {
 		return nil, fmt.Errorf("exporter serves no socket: %w", vmm.ErrNotSupported)

@@ -80,7 +80,8 @@
 // several pages of an allocation the driver maps only whole, as the
 // expandable allocator's chunks) and grants the device access with one
 // SetAccess. Opens of one descriptor through one importer
-// for one device share one mapping, counted by reference; the last
+// for one device with the same access share one mapping, counted by
+// reference; the last
 // [Mapping.Close] unmaps, releases, unreserves and ends the lease. A
 // mapping stays valid after the exporter exits. [Open] opens through an
 // importer of its own, which shares with nothing.

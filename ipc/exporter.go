@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/xseg-dev/xseg/handles"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -45,7 +46,9 @@ type ExporterOptions struct {
 	// NoSocket disables the socket: importers can use pidfd or fabric only.
 	NoSocket bool
 	// Endpoint names the socket: "@name" (abstract, the default with a
-	// random name) or a filesystem path, removed on Close.
+	// random name) or a filesystem path, removed on Close. It must fit in
+	// a descriptor (handles.CheckEndpoint: at most 107 bytes, no NUL),
+	// else NewExporter fails with vmm.ErrInvalid.
 	Endpoint string
 	// Timeout bounds one importer's exchange (default 10 s).
 	Timeout time.Duration
@@ -119,6 +122,9 @@ func NewExporter(opts ExporterOptions) (*Exporter, error) {
 	e.mu.uids = make(map[uint32]*uidSlots)
 	if opts.NoSocket {
 		return e, nil
+	}
+	if err := handles.CheckEndpoint(opts.Endpoint); err != nil {
+		return nil, fmt.Errorf("exporter: %w", err)
 	}
 	e.endpoint = opts.Endpoint
 	if e.endpoint == "" {

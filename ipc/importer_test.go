@@ -152,3 +152,47 @@ func TestImporterForgetsFailedOpen(t *testing.T) {
 	require.True(t, e.imp.Usage().Zero(), "%v", e.imp.Usage())
 	e.leasesEnd(t)
 }
+
+// TestImporterSharesOnlyLikeAccess: Opens of one descriptor through one
+// Importer share a mapping only when they ask for the same access. A
+// read-only Open after a read-write one must not get a writable mapping,
+// nor a read-write Open after a read-only one a mapping it cannot write.
+func TestImporterSharesOnlyLikeAccess(t *testing.T) {
+	requireNoFDLeak(t)
+	e := newImportEnv(t)
+	ctx := context.Background()
+	im := NewImporter(e.imp)
+	readOnly := socketOnly
+	readOnly.Access = vmm.AccessRead
+
+	rw, err := im.Open(ctx, e.desc, 0, socketOnly)
+	require.NoError(t, err)
+	ro, err := im.Open(ctx, e.desc, 0, readOnly)
+	require.NoError(t, err)
+	require.NotEqual(t, rw.Ptr(), ro.Ptr(), "a read-only Open maps the block itself")
+	require.ErrorIs(t, e.imp.CopyHtoD(ro.Ptr(), []byte{1}), vmm.ErrInvalid, "the read-only Open cannot write")
+	require.NoError(t, readPattern(e.imp, ro.Ptr(), ro.Len(), seedParent))
+	// Default access (zero) is read-write: it shares rw's mapping.
+	rw2, err := im.Open(ctx, e.desc, 0, OpenOptions{Fetch: socketOnly.Fetch, Access: vmm.AccessReadWrite})
+	require.NoError(t, err)
+	require.Equal(t, rw.Ptr(), rw2.Ptr())
+	ro2, err := im.Open(ctx, e.desc, 0, readOnly)
+	require.NoError(t, err)
+	require.Equal(t, ro.Ptr(), ro2.Ptr())
+	require.Equal(t, 2, e.imp.Usage().Ranges)
+	for _, m := range []*Mapping{rw, ro, rw2, ro2} {
+		require.NoError(t, m.Close())
+	}
+
+	// The other order: read-only first, then read-write.
+	ro, err = im.Open(ctx, e.desc, 0, readOnly)
+	require.NoError(t, err)
+	rw, err = im.Open(ctx, e.desc, 0, socketOnly)
+	require.NoError(t, err)
+	require.NoError(t, e.imp.CopyHtoD(rw.Ptr(), []byte{seedParent}), "a read-write Open can write")
+	require.NoError(t, rw.Close())
+	require.NoError(t, ro.Close())
+	require.True(t, e.imp.Usage().Zero(), "%v", e.imp.Usage())
+	require.Empty(t, im.maps)
+	e.leasesEnd(t)
+}

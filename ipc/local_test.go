@@ -6,6 +6,8 @@ import (
 	"context"
 	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -221,4 +223,145 @@ func TestProbePidfdGetfd(t *testing.T) {
 		return
 	}
 	require.NoError(t, ProbePidfdGetfd(), "a definite answer is cached")
+}
+
+// TestNewExporterRefusesEndpointsNoDescriptorCarries: an endpoint that no
+// descriptor can name ("@" alone, which the kernel would bind to a name
+// of its own choosing; more than 107 bytes; a NUL) is refused up front,
+// before anything listens, instead of making an exporter whose every
+// share fails. The longest endpoint a descriptor carries serves.
+func TestNewExporterRefusesEndpointsNoDescriptorCarries(t *testing.T) {
+	requireNoFDLeak(t)
+	long := filepath.Join(t.TempDir(), strings.Repeat("x", 108))
+	for _, ep := range []string{"@", "@" + strings.Repeat("x", handles.MaxEndpoint), "@a\x00b", long[:handles.MaxEndpoint+1]} {
+		e, err := NewExporter(ExporterOptions{Endpoint: ep})
+		require.ErrorIs(t, err, vmm.ErrInvalid, "endpoint %q", ep)
+		require.Nil(t, e)
+	}
+	_, err := os.Stat(long[:handles.MaxEndpoint+1])
+	require.ErrorIs(t, err, os.ErrNotExist, "nothing listened")
+
+	for _, ep := range []string{"@" + strings.Repeat("x", handles.MaxEndpoint-1), long[:min(len(long), handles.MaxEndpoint)]} {
+		e, err := NewExporter(ExporterOptions{Endpoint: ep})
+		require.NoError(t, err, "endpoint %q", ep)
+		s := smallShare(t, e, 1)
+		require.Equal(t, ep, s.Descriptor().Endpoint)
+		r, err := Fetch(context.Background(), s.Descriptor(), FetchOptions{Transports: []Transport{TransportSocket}})
+		require.NoError(t, err)
+		requireSameFiles(t, s, r.FDs)
+		require.NoError(t, r.Close())
+		require.NoError(t, e.Close())
+	}
+}
+
+// TestFailedShareReleasesOnce pins what ShareFDs documents: a share that
+// fails has taken its fds (closed) and run its release, once, so that its
+// caller must not undo the release itself (ShareBlock relies on it to
+// unpin). So do ShareFabric and ShareCUDAIPC.
+func TestFailedShareReleasesOnce(t *testing.T) {
+	requireNoFDLeak(t)
+	e := newExporter(t, ExporterOptions{})
+	closed, err := NewExporter(ExporterOptions{NoSocket: true})
+	require.NoError(t, err)
+	require.NoError(t, closed.Close())
+	ok := Extent{PageSize: 4096, Length: 4096}
+	for _, c := range []struct {
+		name  string
+		share func(release func() error) error
+		want  error
+	}{
+		{"zero length", func(r func() error) error {
+			_, err := e.ShareFDs(makePages(t, 1, 4096), Extent{PageSize: 4096}, r)
+			return err
+		}, vmm.ErrInvalid},
+		{"nil fd", func(r func() error) error {
+			_, err := e.ShareFDs(append(makePages(t, 1, 4096), nil), Extent{PageSize: 4096, Length: 8192}, r)
+			return err
+		}, vmm.ErrInvalid},
+		{"closed exporter", func(r func() error) error {
+			_, err := closed.ShareFDs(makePages(t, 2, 4096), Extent{PageSize: 4096, Length: 8192}, r)
+			return err
+		}, vmm.ErrClosed},
+		{"zero fabric handle", func(r func() error) error {
+			_, err := e.ShareFabric([]handles.Fabric{{}}, ok, r)
+			return err
+		}, vmm.ErrInvalid},
+		{"cuda-ipc on a closed exporter", func(r func() error) error {
+			_, err := closed.ShareCUDAIPC(handles.IPCHandle{1}, ok, r)
+			return err
+		}, vmm.ErrClosed},
+	} {
+		var released int
+		err := c.share(func() error { released++; return nil })
+		require.ErrorIs(t, err, c.want, c.name)
+		require.Equal(t, 1, released, "%s: the failed share ran its release once", c.name)
+	}
+}
+
+// TestFetchStopsWhenCancelled: a socket exchange stops when its context
+// is cancelled, as Fetch and Open say ctx bounds it, not only at the
+// context's deadline (here it has none) or after defaultTimeout: an
+// exporter that accepts and never answers (stopped, or all its slots
+// taken) holds the importer no longer than its caller wants. So for the
+// fds by socket, a cuda-ipc lease, and the lease after a pidfd fetch, by
+// Fetch and by Open.
+func TestFetchStopsWhenCancelled(t *testing.T) {
+	requireNoFDLeak(t)
+	imp := backendDriver(t, "host") // checked for leaks once the listener is gone
+	silent := silentListener(t, "@xseg-silent-cancel-")
+	posix := &handles.Descriptor{
+		Kind: handles.KindPosixFD, ExporterPID: os.Getpid(), PageSize: 4096, PageCount: 1,
+		Length: 4096, Token: handles.Token{1}, Endpoint: silent,
+	}
+	cudaIPC := *posix
+	cudaIPC.Kind, cudaIPC.IPC = handles.KindCUDAIPC, handles.IPCHandle{1}
+	cudaIPC.ExporterPID = os.Getppid() // Open refuses its own process's handles
+	type fetchCase struct {
+		name  string
+		fetch func(ctx context.Context) error
+	}
+	cases := []fetchCase{
+		{"socket", func(ctx context.Context) error {
+			_, err := Fetch(ctx, posix, FetchOptions{Transports: []Transport{TransportSocket}})
+			return err
+		}},
+		{"cuda-ipc", func(ctx context.Context) error {
+			cudaIPC := cudaIPC
+			cudaIPC.ExporterPID = os.Getpid() // served by our silent socket
+			_, err := Fetch(ctx, &cudaIPC, FetchOptions{})
+			return err
+		}},
+		{"open socket", func(ctx context.Context) error {
+			b, err := posix.MarshalBinary()
+			require.NoError(t, err)
+			_, err = Open(ctx, b, imp, 0, socketOnly)
+			return err
+		}},
+	}
+	if ProbePidfdGetfd() == nil {
+		e := newExporter(t, ExporterOptions{NoSocket: true})
+		const ps = 2 << 20 // the importing host driver's granularity
+		s, err := e.ShareFDs(makePages(t, 1, ps), Extent{PageSize: ps, Length: ps}, nil)
+		require.NoError(t, err)
+		d := s.Descriptor()
+		d.Endpoint = silent
+		pidfdOnly := FetchOptions{Transports: []Transport{TransportPidfd}}
+		cases = append(cases, fetchCase{"pidfd lease", func(ctx context.Context) error {
+			_, err := Fetch(ctx, d, pidfdOnly)
+			return err
+		}}, fetchCase{"open pidfd lease", func(ctx context.Context) error {
+			b, err := d.MarshalBinary()
+			require.NoError(t, err)
+			_, err = Open(ctx, b, imp, 0, OpenOptions{Fetch: pidfdOnly})
+			return err
+		}})
+	}
+	for _, c := range cases {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(100*time.Millisecond, cancel)
+		start := time.Now()
+		err := c.fetch(ctx)
+		require.ErrorIs(t, err, context.Canceled, c.name)
+		require.Less(t, time.Since(start), 3*time.Second, "%s: the exchange stopped at the cancel", c.name)
+	}
 }

@@ -26,15 +26,12 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 	t1 := time.Now()
 	m.stages.Fetch = t1.Sub(t0)
 	m.recv, m.via, m.leased, m.claimed = r, r.Via, r.Leased(), r.Claimed()
-	access := opts.Access
-	if access == vmm.AccessNone {
-		access = vmm.AccessReadWrite
-	}
+	access := m.key.access // the default filled in (mapAccess)
 	m.access = access
 	if m.desc.Kind == handles.KindPosixFD && m.im.opts.KeepFor > 0 {
 		if k := m.im.takeKept(m.desc, dev, access, r.FDs); k != nil {
 			err = m.adopt(k, r)
-			return m.finish(err, time.Now())
+			return m.finish(ctx, err, time.Now())
 		}
 	}
 	ps, size := m.desc.PageSize, m.desc.Bytes()
@@ -67,21 +64,21 @@ func (m *mapped) open(ctx context.Context, dev vmm.Device, opts OpenOptions) err
 		err = handles.CloseAll(r.FDs)
 		r.FDs = nil
 	}
-	return m.finish(err, t1)
+	return m.finish(ctx, err, t1)
 }
 
 // finish ends an open whose pages are mapped (err: of the step before):
 // it waits for the lease, asked for after the fds were fetched and
 // answered while they were mapped, so that nobody reads the pages before
-// it is held. On failure it undoes everything.
-func (m *mapped) finish(err error, t1 time.Time) error {
+// it is held; the end of ctx stops the wait. On failure it undoes everything.
+func (m *mapped) finish(ctx context.Context, err error, t1 time.Time) error {
 	if err == nil && m.deferLease {
 		m.stages.Lease = time.Since(t1)
 		return nil // AwaitLease reads the answer
 	}
 	if err == nil {
 		m.leaseDone = true
-		err = m.recv.awaitLease()
+		err = m.recv.awaitLease(ctx)
 		m.leased = m.recv.Leased()
 		m.stages.Lease = time.Since(t1)
 	}

@@ -31,8 +31,8 @@ type OpenOptions struct {
 
 // A Mapping is one Open of a shared block: the block's bytes at an address
 // of this process. Opens of the same descriptor (same exporter pid and
-// token) through the same Importer and on the same device share one
-// mapping, counted by reference: each Open returns its own Mapping, and
+// token) through the same Importer, on the same device and with the same
+// access (OpenOptions.Access) share one mapping, counted by reference: each Open returns its own Mapping, and
 // the shared mapping is unmapped when the last of them closes. A mapping
 // stays valid after the exporter exits.
 //
@@ -180,7 +180,9 @@ func (m *Mapping) AwaitLease() error {
 	}
 	if !mp.leaseDone {
 		t0 := time.Now()
-		mp.leaseErr = mp.recv.awaitLease()
+		// Open's ctx is over: the deadline the lease request was
+		// sent with bounds the wait.
+		mp.leaseErr = mp.recv.awaitLease(context.Background())
 		mp.leased = mp.recv.Leased()
 		mp.stages.Lease += time.Since(t0)
 		mp.leaseDone = true
@@ -192,11 +194,23 @@ func (m *Mapping) AwaitLease() error {
 }
 
 // mapKey names a mapping in its Importer: the descriptor's exporter and
-// token, and the device it is mapped for.
+// token, the device it is mapped for and the access that device has (a
+// read-only Open must not share a writable mapping, nor the reverse).
 type mapKey struct {
-	pid   int
-	token handles.Token
-	dev   vmm.Device
+	pid    int
+	token  handles.Token
+	dev    vmm.Device
+	access vmm.Access
+}
+
+// mapAccess is the access an Open with opts gives the device: read-write
+// unless opts asks for another, and always read-write for a cuda-ipc
+// descriptor (legacy IPC has no other mode).
+func mapAccess(d *handles.Descriptor, opts OpenOptions) vmm.Access {
+	if opts.Access == vmm.AccessNone || d.Kind == handles.KindCUDAIPC {
+		return vmm.AccessReadWrite
+	}
+	return opts.Access
 }
 
 // An Importer opens shared blocks into this process on one driver, and
@@ -252,9 +266,9 @@ func (im *Importer) Driver() vmm.Driver { return im.drv }
 // once the pages are mapped: the imported handles keep the pages. On any
 // failure everything done is undone and the error says which step failed.
 //
-// A descriptor already open through im for dev is not fetched again: the
-// new Mapping shares the mapping (see Mapping), also after its exporter
-// has exited.
+// A descriptor already open through im for dev with the same access is
+// not fetched again: the new Mapping shares the mapping (see Mapping),
+// also after its exporter has exited.
 //
 // A cuda-ipc descriptor (a block of the fallback allocator on CUDA) is
 // opened with vmm.Driver.OpenAllocIPC instead, once per handle in the
@@ -272,7 +286,7 @@ func (im *Importer) Open(ctx context.Context, desc []byte, dev vmm.Device, opts 
 	if err != nil {
 		return nil, fmt.Errorf("opening a shared block: %w", err)
 	}
-	key := mapKey{d.ExporterPID, d.Token, dev}
+	key := mapKey{d.ExporterPID, d.Token, dev, mapAccess(d, opts)}
 	im.mu.Lock()
 	if old := im.maps[key]; old != nil {
 		old.refs++

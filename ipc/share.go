@@ -86,8 +86,11 @@ const exporterNonce = 1
 const pollEvery = 100 * time.Millisecond
 
 // ShareFDs shares pages given as fds, one per allocation (of one page of
-// ext.PageSize, or of ext.Spans[i] pages), in address order. The share takes ownership of fds, also when it fails. release, if
-// not nil, is called once when the share closes (an allocator's unpin).
+// ext.PageSize, or of ext.Spans[i] pages), in address order. The share
+// takes ownership of fds, also when it fails. release, if not nil, is
+// called once when the share closes (an allocator's unpin); when ShareFDs
+// fails it has been called already, so the caller must not undo what it
+// stands for itself.
 // The descriptor carries the fd numbers (for pidfd) and the socket, if the
 // exporter serves one.
 func (e *Exporter) ShareFDs(fds []*handles.FD, ext Extent, release func() error) (*Share, error) {

@@ -141,11 +141,11 @@ type Received struct {
 	claimed bool
 }
 
-// awaitLease waits for the answer to a pending lease request; it returns
-// nil at once when none is pending, or when the share was claimed: the
-// connection is then the lease, answered or not. On failure the caller
-// closes r.
-func (r *Received) awaitLease() error {
+// awaitLease waits for the answer to a pending lease request, stopping
+// when ctx ends; it returns nil at once when none is pending, or when the
+// share was claimed: the connection is then the lease, answered or not.
+// On failure the caller closes r.
+func (r *Received) awaitLease(ctx context.Context) error {
 	if r.pending == nil {
 		return nil
 	}
@@ -155,7 +155,7 @@ func (r *Received) awaitLease() error {
 		r.lease = p.conn
 		return p.conn.SetDeadline(time.Time{})
 	}
-	lease, err := p.await()
+	lease, err := p.await(ctx)
 	r.lease = leaseOf(lease)
 	return err
 }
@@ -221,7 +221,7 @@ func fetch(ctx context.Context, d *handles.Descriptor, opts FetchOptions, deferL
 			r.ackWait = opts.LeaseAckWait
 		}
 		if err == nil && !deferLease {
-			if err = r.awaitLease(); err != nil {
+			if err = r.awaitLease(ctx); err != nil {
 				_ = r.Close()
 			}
 		}
