@@ -280,6 +280,24 @@ def test_discover_workloads():
     assert all(doc for _, doc in found)
 
 
+def test_discover_holdout_workloads(tmp_path, capsys):
+    holdout = os.path.join(os.path.dirname(record_all.WORKLOADS_PY), "holdout.py")
+    found = record_all.discover(holdout)
+    assert [n for n, _ in found] == ["seq2seq_beam", "qwen_sampling", "cnn_infer", "moe_train"]
+    assert all(doc for _, doc in found)
+    # --workloads picks the file: its names are the ones --only knows, and
+    # the record step runs that file.
+    with pytest.raises(SystemExit):
+        record_all.main(["--out", str(tmp_path / "x"), "--workloads", holdout, "--only", "growing_store"])
+    assert "seq2seq_beam, qwen_sampling" in capsys.readouterr().err
+    out = tmp_path / "out"
+    record_all.main(["--out", str(out), "--workloads", holdout, "--only", "cnn_infer", "--python",
+                     fake_python(tmp_path), "--budget", "120", "--min-step", "1"])
+    (w,) = json.loads((out / "corpus.json").read_text())["workloads"]
+    assert w["name"] == "cnn_infer" and w["record"]["ok"]
+    assert w["record"]["info"]["script"] == "holdout.py"
+
+
 def test_clock():
     now = [100.0]
     c = record_all.Clock(budget=60, min_step=20, now=lambda: now[0])
@@ -319,7 +337,8 @@ if args[:2] == ["-m", "xseg.record"]:
     with gzip.open(args[args.index("-o") + 1], "wt") as f:
         f.write("a 0 4000 0\\n")
     print("WORKLOAD " + json.dumps({{"name": args[args.index("--") + 2], "seconds": 12.25,
-                                    "max_reserved": 6000}}))
+                                    "max_reserved": 6000,
+                                    "script": args[args.index("--") + 1].rsplit("/", 1)[-1]}}))
     sys.exit(0)
 conf = args[args.index("--conf") + 1]
 if conf == "async":

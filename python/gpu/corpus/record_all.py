@@ -1,6 +1,6 @@
 """Record the trace corpus and measure PyTorch's three allocators on it.
 
-    python3 record_all.py --out DIR [--only NAME ...] [--seed N] [--budget SECONDS] [--replay-only]
+    python3 record_all.py --out DIR [--workloads FILE] [--only NAME ...] [--seed N] [--budget SECONDS] [--replay-only]
 
 For each workload of workloads.py, in order: run it in a fresh process
 under xseg's recorder (``python3 -m xseg.record``, PyTorch's native
@@ -126,12 +126,13 @@ def budgeted_step(cmd: List[str], clock: Clock, timeout: float, log: str) -> Dic
     return run_step(cmd, clean_env(), t, log)
 
 
-def record(name: str, seed: int, out: str, clock: Clock, timeout: float, python: str) -> Dict[str, Any]:
+def record(name: str, seed: int, out: str, clock: Clock, timeout: float, python: str,
+           script: str = WORKLOADS_PY) -> Dict[str, Any]:
     """Record workload name into out/<name>.trace.gz."""
     trace = os.path.join(out, name + ".trace.gz")
     if os.path.exists(trace):
         os.remove(trace)  # a failed run must not leave an old trace to replay
-    cmd = [python, "-m", "xseg.record", "-o", trace, "--", WORKLOADS_PY, name, "--seed", str(seed)]
+    cmd = [python, "-m", "xseg.record", "-o", trace, "--", script, name, "--seed", str(seed)]
     r = budgeted_step(cmd, clock, timeout, os.path.join(out, "logs", name + ".record.log"))
     if "stdout" in r:
         r["info"] = tagged_json(r.pop("stdout"), "WORKLOAD ")
@@ -219,6 +220,8 @@ def save(results: Dict[str, Any], out: str) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description="Record the trace corpus and replay it through PyTorch's allocators.")
     p.add_argument("--out", required=True, help="folder for traces, corpus.json, corpus.md and logs/")
+    p.add_argument("--workloads", default=WORKLOADS_PY,
+                   help="the file of workloads (default: workloads.py; holdout.py has the held-out ones)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="these workloads only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget", type=float, default=540, help="seconds for the whole run (default %(default)s)")
@@ -228,7 +231,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--replay-only", action="store_true", help="replay the traces already in --out")
     p.add_argument("--python", default=sys.executable, help="the Python of the steps (default: this one)")
     ns = p.parse_args(argv)
-    known = discover()
+    known = discover(os.path.abspath(ns.workloads))
     names = [n for n, _ in known]
     for n in ns.only or []:
         if n not in names:
@@ -248,7 +251,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         w: Dict[str, Any] = {"name": name, "description": doc, "seed": ns.seed, "replays": {}}
         results["workloads"].append(w)
         if not ns.replay_only:
-            w["record"] = record(name, ns.seed, ns.out, clock, ns.record_timeout, ns.python)
+            w["record"] = record(name, ns.seed, ns.out, clock, ns.record_timeout, ns.python,
+                                 os.path.abspath(ns.workloads))
             print(f"{name}: record {summary(w['record'])}", flush=True)
             if not w["record"].get("ok"):
                 failed += 1
