@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 
@@ -618,4 +619,38 @@ func TestCloseWhilePaused(t *testing.T) {
 	_, err = e.a.TagStats(tagName)
 	require.ErrorIs(t, err, vmm.ErrClosed)
 	require.ErrorIs(t, e.a.Resume(), vmm.ErrClosed)
+}
+
+// TestRestorePoolRefusesBadRequested: a checkpoint block whose requested
+// bytes are 0 or more than its size (a checkpoint read back from JSON
+// may hold anything) is refused before anything changes. Accepted, it
+// made RequestedBytes exceed AllocatedBytes, and a tag's pause backed up
+// and restored bytes past the block (or none of them).
+func TestRestorePoolRefusesBadRequested(t *testing.T) {
+	e := newPaused(t, ClassicConfig())
+	bs := e.allocTagged(4096, 4096)
+	cp := e.tagStats()
+	require.Len(t, cp.Blocks, 2)
+	require.NoError(t, e.a.Free(bs[0].ptr))
+	for _, req := range []uint64{0, cp.Blocks[0].Size + 512} {
+		bad := core.PoolCheckpoint{ID: cp.ID, Blocks: slices.Clone(cp.Blocks)}
+		bad.Blocks[0].Requested = req
+		freed, allocated, err := e.a.RestorePool(bad)
+		require.ErrorIs(t, err, vmm.ErrInvalid, "requested %d of a block of %d", req, bad.Blocks[0].Size)
+		require.Empty(t, freed)
+		require.Empty(t, allocated)
+		st := e.a.Stats()
+		require.Equal(t, int64(4096), st.RequestedBytes.All.Current, "requested %d", req)
+		require.LessOrEqual(t, st.RequestedBytes.All.Current, st.AllocatedBytes.All.Current)
+	}
+	_, allocated, err := e.a.RestorePool(cp)
+	require.NoError(t, err)
+	require.Equal(t, []vmm.DevicePtr{bs[0].ptr}, allocated)
+	require.NoError(t, e.host.CopyHtoD(bs[0].ptr, tagBytes(bs[0].size, bs[0].seed)))
+	require.NoError(t, e.a.Pause(true))
+	ts, err := e.a.TagStats(tagName)
+	require.NoError(t, err)
+	require.Equal(t, uint64(2*4096), ts.BackupBytes)
+	require.NoError(t, e.a.Resume())
+	require.NoError(t, e.intact(bs))
 }
