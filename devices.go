@@ -26,6 +26,10 @@ type Devices struct {
 	d      vmm.Driver
 	owned  bool // Close closes d
 	allocs []*DeviceAllocator
+	// closed is set by Close; left holds the allocators whose Close
+	// failed, which the next Close tries again.
+	closed bool
+	left   []*DeviceAllocator
 }
 
 // OpenDevices makes an allocator for every device of the driver, each as
@@ -72,7 +76,7 @@ func (ds *Devices) Driver() vmm.Driver { return ds.d }
 func (ds *Devices) Count() int { return len(ds.allocs) }
 
 // For returns the allocator of device dev, nil for a device the driver
-// does not have.
+// does not have and after Close.
 func (ds *Devices) For(dev vmm.Device) *DeviceAllocator {
 	if dev < 0 || int(dev) >= len(ds.allocs) {
 		return nil
@@ -82,6 +86,9 @@ func (ds *Devices) For(dev vmm.Device) *DeviceAllocator {
 
 // peers returns owner's allocator, after checking both devices.
 func (ds *Devices) peers(owner, peer vmm.Device) (*DeviceAllocator, error) {
+	if ds.closed {
+		return nil, fmt.Errorf("xseg: peer access of device %d to device %d: %w", peer, owner, vmm.ErrClosed)
+	}
 	for _, dev := range []vmm.Device{owner, peer} {
 		if ds.For(dev) == nil {
 			return nil, fmt.Errorf("xseg: peer access of device %d to device %d: no device %d (there are %d): %w", peer, owner, dev, len(ds.allocs), vmm.ErrInvalid)
@@ -122,15 +129,29 @@ func (ds *Devices) Copy(dst, src vmm.DevicePtr, n uint64) error {
 }
 
 // Close closes every allocator, then the driver if OpenDevices opened it.
-// Blocks still allocated become invalid. A second Close returns nil.
+// Blocks still allocated become invalid. If an allocator fails to give
+// everything back to a driver OpenDevices did not open, Close returns the
+// error and the next Close tries that allocator again (see Allocator);
+// once a Close has returned nil, later ones return nil too. After Close,
+// For returns nil and peer access fails with vmm.ErrClosed.
 func (ds *Devices) Close() error {
+	if !ds.closed {
+		ds.closed, ds.left, ds.allocs = true, ds.allocs, nil
+	}
 	var errs []error
-	for dev, a := range ds.allocs {
+	left := ds.left[:0]
+	for _, a := range ds.left {
 		if err := a.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("xseg: closing device %d's allocator: %w", dev, err))
+			errs = append(errs, fmt.Errorf("xseg: closing device %d's allocator: %w", a.Device(), err))
+			left = append(left, a)
 		}
 	}
-	ds.allocs = nil
+	clear(ds.left[len(left):])
+	ds.left = left
+	if ds.owned {
+		// Closing the driver gives back what the allocators kept.
+		ds.left = nil
+	}
 	errs = append(errs, ds.closeDriver())
 	return errors.Join(errs...)
 }

@@ -115,3 +115,31 @@ func TestOpenDevicesOwnsDriver(t *testing.T) {
 	require.ErrorIs(t, err, vmm.ErrClosed, "Close closes the driver OpenDevices opened")
 	require.NoError(t, ds.Close(), "a second Close")
 }
+
+// TestDevicesCloseRetries: when an allocator fails to give its memory
+// back to a driver the caller owns, Close says so and the next Close
+// tries again, until nothing is held; peer access after Close fails with
+// vmm.ErrClosed.
+func TestDevicesCloseRetries(t *testing.T) {
+	hd, err := host.Open(host.Options{Devices: 2, Capacity: 1 << 30})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, hd.Close()) }()
+	f := vmmtest.NewFaulty(hd)
+	cfg := xseg.DefaultConfig()
+	ds, err := xseg.OpenDevices(xseg.Options{Driver: f, Config: &cfg})
+	require.NoError(t, err)
+	for dev := range vmm.Device(2) {
+		_, err := ds.For(dev).Alloc(1<<20, 0)
+		require.NoError(t, err)
+	}
+	f.FailNth(vmmtest.OpUnreserve, 1, nil)
+	err = ds.Close()
+	require.ErrorIs(t, err, vmmtest.ErrInjected)
+	require.ErrorContains(t, err, "device 0")
+	require.False(t, hd.Usage().Zero(), "the range the driver kept is still held")
+	require.Nil(t, ds.For(0))
+	require.ErrorIs(t, ds.EnablePeerAccess(0, 1), vmm.ErrClosed)
+	require.NoError(t, ds.Close(), "the second Close gives back what the first kept")
+	require.True(t, hd.Usage().Zero(), "%v", hd.Usage())
+	require.NoError(t, ds.Close())
+}

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -618,4 +620,115 @@ func TestCloseWhilePaused(t *testing.T) {
 	_, err = e.a.TagStats(tagName)
 	require.ErrorIs(t, err, vmm.ErrClosed)
 	require.ErrorIs(t, e.a.Resume(), vmm.ErrClosed)
+}
+
+// TestRestorePoolRefusesBadRequested: a checkpoint block whose requested
+// bytes are 0 or more than its size (a checkpoint read back from JSON
+// may hold anything) is refused before anything changes. Accepted, it
+// made RequestedBytes exceed AllocatedBytes, and a tag's pause backed up
+// and restored bytes past the block (or none of them).
+func TestRestorePoolRefusesBadRequested(t *testing.T) {
+	e := newPaused(t, ClassicConfig())
+	bs := e.allocTagged(4096, 4096)
+	cp := e.tagStats()
+	require.Len(t, cp.Blocks, 2)
+	require.NoError(t, e.a.Free(bs[0].ptr))
+	for _, req := range []uint64{0, cp.Blocks[0].Size + 512} {
+		bad := core.PoolCheckpoint{ID: cp.ID, Blocks: slices.Clone(cp.Blocks)}
+		bad.Blocks[0].Requested = req
+		freed, allocated, err := e.a.RestorePool(bad)
+		require.ErrorIs(t, err, vmm.ErrInvalid, "requested %d of a block of %d", req, bad.Blocks[0].Size)
+		require.Empty(t, freed)
+		require.Empty(t, allocated)
+		st := e.a.Stats()
+		require.Equal(t, int64(4096), st.RequestedBytes.All.Current, "requested %d", req)
+		require.LessOrEqual(t, st.RequestedBytes.All.Current, st.AllocatedBytes.All.Current)
+	}
+	_, allocated, err := e.a.RestorePool(cp)
+	require.NoError(t, err)
+	require.Equal(t, []vmm.DevicePtr{bs[0].ptr}, allocated)
+	require.NoError(t, e.host.CopyHtoD(bs[0].ptr, tagBytes(bs[0].size, bs[0].seed)))
+	require.NoError(t, e.a.Pause(true))
+	ts, err := e.a.TagStats(tagName)
+	require.NoError(t, err)
+	require.Equal(t, uint64(2*4096), ts.BackupBytes)
+	require.NoError(t, e.a.Resume())
+	require.NoError(t, e.intact(bs))
+}
+
+// TestAllocWaitingForMemoryInPausedTag: an allocation in a tag that runs
+// out of memory and waits (OOMWait, or the backoff of OOMMaxRetries)
+// releases the lock; a Pause of the tag meanwhile makes it fail with
+// ErrPaused. It went on in the paused tag: it grew the tag's segment
+// with pages the books then counted twice, and the allocation succeeded
+// there, after which Resume failed (it mapped the runs again over them)
+// and Close left the range and the pages with the driver.
+func TestAllocWaitingForMemoryInPausedTag(t *testing.T) {
+	for _, wait := range []string{"backoff", "wait"} {
+		t.Run(wait, func(t *testing.T) {
+			cfg := ClassicConfig()
+			if wait == "backoff" {
+				cfg.OOMMaxRetries, cfg.OOMDelay = 50, 20*time.Millisecond
+			} else {
+				cfg.OOMMaxRetries, cfg.OOMWait = 0, 100*time.Millisecond
+			}
+			e := newPauseEnv(t, vmmtest.HostDriver(t, 64*mib), cfg) // room for one 40 MiB block
+			defer func() { require.NoError(t, e.a.Close()) }()
+			bs := e.allocTagged(40 * mib)
+			done := make(chan error, 1)
+			go func() {
+				_, err := e.a.AllocInPool(e.id, 40*mib, 0)
+				done <- err
+			}()
+			// The allocation counts a retry (two in the backoff) under
+			// the lock, then releases it to wait.
+			waiting := int64(1)
+			if wait == "backoff" {
+				waiting = 2
+			}
+			require.Eventually(t, func() bool { return e.a.Stats().NumAllocRetries >= waiting }, 10*time.Second, time.Millisecond)
+			require.NoError(t, e.a.Pause(true))
+			err := <-done
+			require.ErrorIs(t, err, ErrPausedForTest)
+			require.ErrorContains(t, err, `tag "weights" was paused`)
+			ts, err := e.a.TagStats(tagName)
+			require.NoError(t, err)
+			require.Equal(t, int64(1), ts.Allocations)
+			require.Equal(t, uint64(40*mib), ts.PausedBytes)
+			e.reservedIsHeld()
+			require.NoError(t, e.a.Resume())
+			require.NoError(t, e.intact(bs))
+			e.reservedIsHeld()
+		})
+	}
+}
+
+// TestAllocWaitingForMemoryInReleasedPool: a private pool given back
+// while an allocation in it waits for memory makes the allocation fail;
+// it grew a state no books held any more, which Close never gave back.
+func TestAllocWaitingForMemoryInReleasedPool(t *testing.T) {
+	cfg := ClassicConfig()
+	cfg.OOMMaxRetries, cfg.OOMDelay = 50, 20*time.Millisecond
+	hd := vmmtest.HostDriver(t, 64*mib)
+	a, err := New(hd, 0, cfg, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, a.Close()) }()
+	other, err := a.Alloc(40*mib, 0)
+	require.NoError(t, err)
+	id := core.PoolID{First: 1, Second: 2}
+	require.NoError(t, a.RetainPool(id))
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.AllocInPool(id, 40*mib, 0)
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return a.Stats().NumAllocRetries >= 2 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, a.ReleasePool(id))
+	require.NoError(t, a.Free(other))
+	require.NoError(t, a.EmptyCache())
+	err = <-done
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+	require.ErrorContains(t, err, "released")
+	require.Zero(t, a.Stats().ReservedBytes.All.Current)
+	require.Zero(t, hd.Usage().HandleBytes, "no page is held")
 }

@@ -851,7 +851,7 @@ func TestPoolCheckpointRestore(t *testing.T) {
 	bad := core.PoolCheckpoint{ID: A, Blocks: append(slices.Clone(cp.Blocks), core.CheckpointBlock{Ptr: sh, Size: sizes[0], Requested: sizes[0]})}
 	_, _, err = e.a.RestorePool(bad)
 	require.ErrorIs(t, err, vmm.ErrInvalid, "a shared block is not the pool's")
-	bad = core.PoolCheckpoint{ID: A, Blocks: []core.CheckpointBlock{{Ptr: 0x1000, Size: 512}}}
+	bad = core.PoolCheckpoint{ID: A, Blocks: []core.CheckpointBlock{{Ptr: 0x1000, Size: 512, Requested: 512}}}
 	freed, _, err = e.a.RestorePool(bad)
 	require.ErrorIs(t, err, vmm.ErrInvalid)
 	require.ElementsMatch(t, want, freed, "as documented, the frees are done before the failing block")

@@ -64,7 +64,9 @@ func New(src Source, constLabels prometheus.Labels) *Collector {
 		})
 	}
 	c.counters = append(c.counters, counterMetric{
-		desc: prometheus.NewDesc("xseg_allocations_total", "Blocks ever handed out.", pool, constLabels),
+		// Not xseg_allocations_total: OpenMetrics names a counter's family
+		// without _total, which would be the gauge xseg_allocations'.
+		desc: prometheus.NewDesc("xseg_allocations_made_total", "Blocks ever handed out.", pool, constLabels),
 		pool: func(s *spec.Stats) *spec.PoolStat { return &s.Allocations },
 	})
 	counter("alloc_retries_total", "Allocations retried after the OOM policy freed cached memory.", func(s *spec.Stats) int64 { return s.NumAllocRetries })

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/expfmt"
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/expandable"
@@ -47,10 +48,10 @@ xseg_reserved_bytes{device="0",pool="small"} 2.097152e+06
 xseg_reserved_bytes_peak{device="0",pool="all"} 4.4040192e+07
 xseg_reserved_bytes_peak{device="0",pool="large"} 4.194304e+07
 xseg_reserved_bytes_peak{device="0",pool="small"} 2.097152e+06
-# HELP xseg_allocations_total Blocks ever handed out.
-# TYPE xseg_allocations_total counter
-xseg_allocations_total{device="0",pool="large"} 3
-xseg_allocations_total{device="0",pool="small"} 1
+# HELP xseg_allocations_made_total Blocks ever handed out.
+# TYPE xseg_allocations_made_total counter
+xseg_allocations_made_total{device="0",pool="large"} 3
+xseg_allocations_made_total{device="0",pool="small"} 1
 # HELP xseg_allocations Blocks handed out now.
 # TYPE xseg_allocations gauge
 xseg_allocations{device="0",pool="large"} 2
@@ -72,7 +73,7 @@ xseg_sync_seconds_total{device="0"} 1.5
 xseg_page_seconds_total{device="0"} 0.00025
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
-		"xseg_reserved_bytes", "xseg_reserved_bytes_peak", "xseg_allocations_total", "xseg_allocations",
+		"xseg_reserved_bytes", "xseg_reserved_bytes_peak", "xseg_allocations_made_total", "xseg_allocations",
 		"xseg_alloc_retries_total", "xseg_ooms_total", "xseg_maps_total", "xseg_sync_seconds_total", "xseg_page_seconds_total"))
 	// 7 pool metrics x 5 series, 11 counters of which one has 2 series.
 	require.Equal(t, 7*5+10+2, testutil.CollectAndCount(c))
@@ -116,7 +117,7 @@ func TestCollectorAllocator(t *testing.T) {
 	require.Equal(t, float64(1), count("xseg_maps_total"))
 	require.NoError(t, a.Free(p))
 	require.Zero(t, count("xseg_allocated_bytes"))
-	require.Equal(t, float64(1), count("xseg_allocations_total"))
+	require.Equal(t, float64(1), count("xseg_allocations_made_total"))
 }
 
 func TestAttr(t *testing.T) {
@@ -130,4 +131,33 @@ func TestAttr(t *testing.T) {
 	log.Info("memory", Attr("xseg", sample().Stats()))
 	require.Equal(t, "level=INFO msg=memory xseg.allocated_bytes=512 xseg.allocated_bytes_peak=512 xseg.reserved_bytes=23068672 "+
 		"xseg.reserved_bytes_peak=44040192 xseg.allocations=3 xseg.segments=0 xseg.alloc_retries=2 xseg.ooms=1 xseg.maps=21 xseg.unmaps=10\n", buf.String())
+}
+
+// TestCollectorOpenMetrics: in OpenMetrics, where a counter's family is
+// its name less _total, every metric is still a family of its own. The
+// counter of blocks ever handed out was xseg_allocations_total, whose
+// family there was the gauge xseg_allocations': a second TYPE line for
+// one name, which fails the scrape of a server that serves OpenMetrics.
+func TestCollectorOpenMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(New(sample(), prometheus.Labels{"device": "0"}))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	var buf bytes.Buffer
+	for _, mf := range mfs {
+		_, err := expfmt.MetricFamilyToOpenMetrics(&buf, mf)
+		require.NoError(t, err)
+	}
+	_, err = expfmt.FinalizeOpenMetrics(&buf)
+	require.NoError(t, err)
+	types := make(map[string]string)
+	for line := range strings.Lines(buf.String()) {
+		f := strings.Fields(line)
+		if len(f) != 4 || f[0] != "#" || f[1] != "TYPE" {
+			continue
+		}
+		require.NotContains(t, types, f[2], "family %s is a %s and a %s", f[2], types[f[2]], f[3])
+		types[f[2]] = f[3]
+	}
+	require.Len(t, types, len(mfs), "one family a metric")
 }

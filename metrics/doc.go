@@ -15,7 +15,7 @@
 //	xseg_active_blocks{pool}          active blocks now
 //	xseg_segments{pool}               segments now
 //	xseg_<each of the above>_peak{pool}
-//	xseg_allocations_total{pool}      blocks ever handed out
+//	xseg_allocations_made_total{pool} blocks ever handed out
 //	xseg_alloc_retries_total          allocations retried after freeing cached memory
 //	xseg_ooms_total                   out-of-memory errors returned
 //	xseg_maps_total, xseg_unmaps_total    pages mapped and unmapped
@@ -24,6 +24,9 @@
 //	xseg_pages_created_total, xseg_pages_reused_total
 //	xseg_sync_seconds_total           time spent in those waits
 //	xseg_page_seconds_total           time spent making pages usable and giving them back
+//
+// Every name is one metric family in both the Prometheus text format and
+// OpenMetrics, whose family of a counter is its name less _total.
 //
 // The pool label is "small" or "large" on the current values, so that
 // sum() is the allocator's total. The peaks carry pool="all" as well,

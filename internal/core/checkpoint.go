@@ -53,9 +53,11 @@ func forPoolBlocks(pp *privatePool, f func(*block)) {
 // that cp does not list are freed, and blocks cp lists that are not
 // allocated now are allocated again at their addresses. It returns both
 // sets of addresses. It waits for the pool's pending frees first, and
-// fails while a pool is active, for a pool that is not retained, and when
-// a block cp lists lies on memory that is neither free nor mapped (then
-// the frees are done and the allocations up to that block).
+// fails while a pool is active, for a pool that is not retained, for a
+// block that is not whole 512-byte units or whose requested bytes are not
+// 1 to its size (then nothing changes), and when a block cp lists lies on
+// memory that is neither free nor mapped (then the frees are done and the
+// allocations up to that block).
 func (h *Heap) RestorePool(cp PoolCheckpoint) (freed, allocated []vmm.DevicePtr, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -77,6 +79,12 @@ func (h *Heap) RestorePool(cp PoolCheckpoint) (freed, allocated []vmm.DevicePtr,
 		// whole 512-byte units); refuse before changing anything.
 		if cb.Size == 0 || cb.Size%MinBlock != 0 || cb.Ptr.Add(cb.Size) < cb.Ptr {
 			return nil, nil, fmt.Errorf("restoring pool %v: block %v+%d of the checkpoint is not a positive multiple of %d bytes: %w", cp.ID, cb.Ptr, cb.Size, MinBlock, vmm.ErrInvalid)
+		}
+		// The requested bytes are what the statistics count and what a
+		// tag's pause backs up and restores: past the block they would
+		// reach its neighbours' memory.
+		if cb.Requested == 0 || cb.Requested > cb.Size {
+			return nil, nil, fmt.Errorf("restoring pool %v: block %v+%d of the checkpoint has %d requested bytes, want 1 to its size: %w", cp.ID, cb.Ptr, cb.Size, cb.Requested, vmm.ErrInvalid)
 		}
 	}
 	h.settleLocked()

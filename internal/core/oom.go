@@ -25,7 +25,9 @@ import (
 //     neither cures;
 //  5. fail with an error matching vmm.ErrOutOfMemory.
 //
-// It releases the lock while it waits or sleeps.
+// It releases the lock while it waits or sleeps; an allocation whose tag
+// was paused meanwhile fails with ErrPaused, one whose private pool was
+// given back with vmm.ErrInvalid (goneLocked).
 func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, error) {
 	if st.key.private.IsZero() {
 		h.touchMarksLocked(st.key.stream)
@@ -59,6 +61,9 @@ func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, e
 		h.sleepUnlocked(delay)
 		if h.mu.closed {
 			return nil, fmt.Errorf("allocating %d bytes: %w", req, vmm.ErrClosed)
+		}
+		if err := h.goneLocked(st); err != nil {
+			return nil, wrapAlloc(req, err)
 		}
 		if h.capturingLocked() {
 			// A capture began while the lock was released: emptying the
@@ -128,6 +133,26 @@ func (h *Heap) wakeLocked() {
 	}
 }
 
+// goneLocked reports why st, the state of an allocation that released
+// the lock to wait, can no longer be allocated from: its private pool was
+// given back meanwhile (its state is in no books: memory growing it would
+// never be given back), or it is a tag that was paused (its segments are
+// books without pages: a block handed out there would have none behind
+// it, a growth would map pages that the tag's Resume maps again).
+func (h *Heap) goneLocked(st *state) error {
+	if st.key.private.IsZero() {
+		return nil
+	}
+	pp := h.mu.pools[st.key.private]
+	if pp == nil || h.mu.states[st.key] != st {
+		return fmt.Errorf("pool %v was released while the allocation waited for memory: %w", st.key.private, vmm.ErrInvalid)
+	}
+	if pp.paused() {
+		return fmt.Errorf("tag %q was paused while the allocation waited for memory: %w", pp.tag.name, ErrPaused)
+	}
+	return nil
+}
+
 func wrapAlloc(req uint64, err error) error {
 	if err == nil {
 		return nil
@@ -156,6 +181,9 @@ func (h *Heap) waitForFreesLocked(st *state, rs, req uint64) (*block, error) {
 		h.mu.Lock()
 		if h.mu.closed {
 			return nil, vmm.ErrClosed // allocSlowLocked's wrapAlloc names the request
+		}
+		if err := h.goneLocked(st); err != nil {
+			return nil, err // allocSlowLocked's wrapAlloc names the request
 		}
 		h.pollLocked()
 		b, err := h.findLocked(st, rs)
