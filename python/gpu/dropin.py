@@ -259,10 +259,17 @@ def mp(mode, serve=False):
     print("RESULT " + json.dumps(r))
 
 
+# Timed rounds of mp_paired. With 5, two of seven paired runs on one
+# machine put xseg's median above native's (0.90 against 0.82 ms, 0.72
+# against 0.64), one with each of two builds whose sharing paths are the
+# same (bench/RESULTS.md round 33): single rounds vary by a third.
+ROUNDS = 15
+
+
 def mp_paired():
     """mp() for native and xseg at once, in two producer processes (each
-    with its consumer) that take turns: a warm-up round each, then 5 timed
-    rounds each, which of the two goes first alternating, then the
+    with its consumer) that take turns: a warm-up round each, then ROUNDS
+    timed rounds each, which of the two goes first alternating, then the
     after-drop check and the exits. Returns {mode: mp()'s RESULT}."""
     procs = {m: subprocess.Popen([sys.executable, os.path.abspath(__file__), "mp-serve", m], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True) for m in ("native", "xseg")}
@@ -280,7 +287,7 @@ def mp_paired():
         for m in procs:
             ask(m, "round")  # warm-up
         got = {m: [] for m in procs}
-        for k in range(5):
+        for k in range(ROUNDS):
             for m in (("native", "xseg") if k % 2 == 0 else ("xseg", "native")):
                 got[m].append(ask(m, "round"))
         res = {}
