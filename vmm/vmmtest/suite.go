@@ -64,6 +64,7 @@ var suite = []subtest{
 	{"CopyUnmapped", testCopyUnmapped},
 	{"Memset", testMemset},
 	{"CopyDtoD", testCopyDtoD},
+	{"WrapAround", testWrapAround},
 	{"Alias", testAlias},
 	{"MemAlloc", testMemAlloc},
 	{"AllocShare", testAllocShare},

@@ -2,6 +2,7 @@ package vmmtest
 
 import (
 	"bytes"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -136,4 +137,25 @@ func testMemAlloc(t *testing.T, c Config) {
 		require.NoError(t, e.d.MemFree(x))
 	}
 	requireIs(t, err, vmm.ErrOutOfMemory, "MemAlloc(%d bytes) beyond the device's memory", big)
+}
+
+// testWrapAround checks that a copy or memset whose end runs past the top
+// of the address space is refused with ErrInvalid, from mapped memory and
+// from a plain allocation alike: its end wraps around to a low address,
+// which must not pass for "inside", and the work must not reach the device.
+func testWrapAround(t *testing.T, c Config) {
+	e := open(t, c)
+	p, _ := e.backed(1)
+	e.write(p, pattern(64, 10))
+	a := e.memAlloc(4096)
+	s := e.stream()
+	const n = math.MaxUint64 // p+n is p-1
+	for _, at := range []vmm.DevicePtr{p, a.Add(1)} {
+		requireIs(t, e.d.Memset(at, 1, n), vmm.ErrInvalid, "Memset of %d bytes at %v", uint64(n), at)
+		requireIs(t, MemsetAsync(e.d, at, 1, n, 0), vmm.ErrInvalid, "MemsetAsync of %d bytes at %v", uint64(n), at)
+		requireIs(t, MemsetAsync(e.d, at, 1, n, s), vmm.ErrInvalid, "MemsetAsync of %d bytes at %v on a stream", uint64(n), at)
+		requireIs(t, e.d.CopyDtoD(at, p, n), vmm.ErrInvalid, "CopyDtoD of %d bytes to %v", uint64(n), at)
+		requireIs(t, e.d.CopyDtoD(p, at, n), vmm.ErrInvalid, "CopyDtoD of %d bytes from %v", uint64(n), at)
+	}
+	require.Equal(t, pattern(64, 10), e.read(p, 64), "bytes after the refused calls")
 }

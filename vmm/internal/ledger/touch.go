@@ -18,7 +18,18 @@ type Span struct {
 // one opened through IPC), which every device may use.
 func (l *Ledger) InAlloc(s Span) bool {
 	base, size, ok := l.AllocAt(s.Ptr)
-	return ok && s.Ptr.Add(s.N) <= base.Add(size)
+	end := s.Ptr.Add(s.N)
+	return ok && end >= s.Ptr && end <= base.Add(size)
+}
+
+// checkWrap reports vmm.ErrInvalid for a span that runs past the end of
+// the address space: its end wraps around to a low address, which every
+// check of "inside" would otherwise pass.
+func checkWrap(s Span) error {
+	if s.Ptr.Add(s.N) < s.Ptr {
+		return fmt.Errorf("%d bytes at %v: wraps around the address space: %w", s.N, s.Ptr, vmm.ErrInvalid)
+	}
+	return nil
 }
 
 // needsAccess reports whether work on s must be checked against a
@@ -28,6 +39,9 @@ func (l *Ledger) needsAccess(s Span) bool { return s.N != 0 && !l.InAlloc(s) }
 // May reports vmm.ErrInvalid unless dev may touch every span.
 func (l *Ledger) May(dev vmm.Device, spans ...Span) error {
 	for _, s := range spans {
+		if err := checkWrap(s); err != nil {
+			return err
+		}
 		if !l.needsAccess(s) {
 			continue
 		}
@@ -47,6 +61,9 @@ func (l *Ledger) May(dev vmm.Device, spans ...Span) error {
 func (l *Ledger) Toucher(what string, spans ...Span) (dev vmm.Device, found bool, err error) {
 	var cands []vmm.Device
 	for _, s := range spans {
+		if err := checkWrap(s); err != nil {
+			return 0, false, fmt.Errorf("%s: %w", what, err)
+		}
 		if !l.needsAccess(s) {
 			continue
 		}

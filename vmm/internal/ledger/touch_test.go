@@ -53,3 +53,23 @@ func TestToucher(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, found, "plain allocations and empty spans need no device")
 }
+
+// TestWrapAround: a span whose end runs past the top of the address space
+// is refused, in a mapping and in a plain allocation; its end wraps to a
+// low address, below every end it is compared with.
+func TestWrapAround(t *testing.T) {
+	l := books(t) // page 2 (device 1) mapped at granule 2
+	_, err := l.GrantAccess(at(2), 2*G, vmm.ReadWrite(1))
+	require.NoError(t, err)
+	l.AddAlloc(at(100), G)
+	const n = ^uint64(0)
+	for _, p := range []vmm.DevicePtr{at(2), at(100).Add(1)} {
+		s := ledger.Span{Ptr: p, N: n, Want: vmm.AccessReadWrite}
+		require.False(t, l.InAlloc(s), "span at %v", p)
+		require.ErrorIs(t, l.May(1, s), vmm.ErrInvalid, "span at %v", p)
+		_, _, err := l.Toucher("memset", s)
+		require.ErrorIs(t, err, vmm.ErrInvalid, "span at %v", p)
+		require.ErrorContains(t, err, "wraps around")
+	}
+	require.ErrorIs(t, l.Accessible(at(2), n, 1, vmm.AccessRead), vmm.ErrInvalid)
+}
