@@ -89,16 +89,26 @@ func (d *Driver) EventCreate(dev vmm.Device) (vmm.Event, error) {
 }
 
 // EventRecord records live event e on live stream s; e is complete at once.
+// A stream made by StreamCreate must be on e's device (vmm.ErrInvalid
+// otherwise, as on the CUDA backend); stream 0 serves every device.
 func (d *Driver) EventRecord(e vmm.Event, s vmm.Stream) error {
 	if err := d.enter(); err != nil {
 		return err
 	}
 	defer d.life.RUnlock()
-	if _, err := d.books.EventDevice(e); err != nil {
+	dev, err := d.books.EventDevice(e)
+	if err != nil {
 		return fmt.Errorf("recording: %w", err)
 	}
-	if err := d.checkStream(s); err != nil {
+	if s == 0 {
+		return nil
+	}
+	sdev, err := d.books.StreamDevice(s)
+	if err != nil {
 		return fmt.Errorf("recording event %#x: %w", uintptr(e), err)
+	}
+	if sdev != dev {
+		return fmt.Errorf("recording event %#x of device %d on stream %#x of device %d: %w", uintptr(e), dev, uintptr(s), sdev, vmm.ErrInvalid)
 	}
 	return nil
 }

@@ -74,6 +74,7 @@ var suite = []subtest{
 	{"Fabric", testFabric},
 	{"Streams", testStreams},
 	{"Events", testEvents},
+	{"EventOtherDevice", testEventOtherDevice},
 	{"Concurrent", testConcurrent},
 	{"Closed", testClosed},
 }

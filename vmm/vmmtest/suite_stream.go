@@ -96,3 +96,18 @@ func testEvents(t *testing.T, c Config) {
 	requireIs(t, e.d.EventSynchronize(ev), vmm.ErrInvalid, "EventSynchronize of a destroyed event")
 	requireIs(t, e.d.EventRecord(ev, s), vmm.ErrInvalid, "EventRecord of a destroyed event")
 }
+
+// testEventOtherDevice checks that an event is recorded only on a stream of
+// its own device (or the default stream): CUDA refuses an event and a
+// stream of two contexts, so every backend refuses it with ErrInvalid.
+func testEventOtherDevice(t *testing.T, c Config) {
+	e := openAny(t, c)
+	peer := e.peer()
+	ev := e.event()
+	s, err := e.d.StreamCreate(peer)
+	require.NoError(t, err, "StreamCreate(%d)", peer)
+	defer func() { require.NoError(t, e.d.StreamDestroy(s)) }()
+	requireIs(t, e.d.EventRecord(ev, s), vmm.ErrInvalid, "EventRecord of an event of device %d on a stream of device %d", e.dev, peer)
+	require.NoError(t, e.d.EventRecord(ev, e.stream()), "EventRecord on a stream of the event's device")
+	require.NoError(t, e.d.EventRecord(ev, 0), "EventRecord on the default stream")
+}
