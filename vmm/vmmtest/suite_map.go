@@ -128,6 +128,8 @@ func testSetAccess(t *testing.T, c Config) {
 	requireIs(t, e.d.SetAccess(p, 2*g, rw), vmm.ErrInvalid, "SetAccess on a partly mapped range")
 	requireIs(t, e.d.SetAccess(p.Add(g/2), g, rw), vmm.ErrInvalid, "SetAccess at a misaligned address")
 	requireIs(t, e.d.SetAccess(p, g, nil), vmm.ErrInvalid, "SetAccess with no descriptors")
+	twice := []vmm.AccessDesc{{Device: e.dev, Flags: vmm.AccessReadWrite}, {Device: e.dev, Flags: vmm.AccessRead}}
+	requireIs(t, e.d.SetAccess(p, g, twice), vmm.ErrInvalid, "SetAccess that lists a device twice")
 	n, err := e.d.DeviceCount()
 	require.NoError(t, err)
 	requireIs(t, e.d.SetAccess(p, g, vmm.ReadWrite(vmm.Device(n))), vmm.ErrInvalid, "SetAccess for a device past the last")

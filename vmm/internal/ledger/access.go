@@ -29,11 +29,18 @@ type accessRun struct {
 	acc      uint32
 }
 
-// checkAccess refuses unknown access flags and an empty list.
+// checkAccess refuses unknown access flags, a device listed twice (which
+// of its two entries holds would be the backend's guess; a mapping keeps
+// one entry a device) and an empty list.
 func checkAccess(ptr vmm.DevicePtr, access []vmm.AccessDesc) error {
-	for _, a := range access {
+	for i, a := range access {
 		if a.Flags != vmm.AccessNone && a.Flags != vmm.AccessRead && a.Flags != vmm.AccessReadWrite {
 			return fmt.Errorf("setting access at %v: unknown access flags %#x: %w", ptr, uint32(a.Flags), vmm.ErrInvalid)
+		}
+		for _, b := range access[:i] {
+			if b.Device == a.Device {
+				return fmt.Errorf("setting access at %v: device %d is listed twice: %w", ptr, a.Device, vmm.ErrInvalid)
+			}
 		}
 	}
 	if len(access) == 0 {

@@ -24,6 +24,7 @@ func TestGrantAccessRulesAndRestore(t *testing.T) {
 	}{
 		{"no descriptors", at(2), 2 * G, nil},
 		{"unknown flags", at(2), 2 * G, []vmm.AccessDesc{{Device: 0, Flags: 2}}},
+		{"a device twice", at(2), 2 * G, []vmm.AccessDesc{{Device: 0, Flags: vmm.AccessReadWrite}, {Device: 0, Flags: vmm.AccessRead}}},
 		{"not mapped", at(6), 2 * G, rw0},
 		{"partly mapped", at(2), 6 * G, rw0},
 		{"half a mapping", at(2), G, rw0},
