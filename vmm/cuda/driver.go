@@ -87,6 +87,12 @@ func open(sym symbols, version int) (*Driver, error) {
 			_ = d.Close()
 			return nil, fmt.Errorf("cuMemGetAllocationGranularity of device 0: %w", err)
 		}
+		// The books need a power of two (ledger.New panics otherwise); a
+		// driver that answers anything else is not one this package knows.
+		if gran == 0 || gran&(gran-1) != 0 {
+			_ = d.Close()
+			return nil, fmt.Errorf("cuMemGetAllocationGranularity of device 0: %d bytes, not a power of two: %w", gran, vmm.ErrNotSupported)
+		}
 	}
 	d.books = ledger.New(gran)
 	return d, nil

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -53,6 +54,18 @@ func TestOpenFailures(t *testing.T) {
 		require.ErrorIs(t, err, vmm.ErrNotSupported)
 		require.Contains(t, err.Error(), "sees no device")
 	})
+	// Answers the books cannot use are refused, not a panic of ledger.New.
+	for _, g := range []uint64{0, 3 << 20} {
+		t.Run(fmt.Sprintf("granularity %d", g), func(t *testing.T) {
+			f := newFake(2, fakeTotal)
+			f.gran = g
+			d, err := open(f, 12080)
+			require.Nil(t, d)
+			require.ErrorIs(t, err, vmm.ErrNotSupported)
+			require.Contains(t, err.Error(), "not a power of two")
+			require.Equal(t, []int{0, 0}, f.retained(), "a failed open keeps a context")
+		})
+	}
 }
 
 // TestOpenState checks what open leaves: device 0's context retained and
