@@ -242,12 +242,16 @@ func parseMemfdDevice(link string) (vmm.Device, bool) {
 	return vmm.Device(n), true
 }
 
-// ExportFabric is vmm.ErrNotSupported: the host backend has no fabric.
+// ExportFabric is vmm.ErrNotSupported for a live page: the host backend
+// has no fabric. A handle that is not live is vmm.ErrInvalid, as on CUDA.
 func (d *Driver) ExportFabric(h vmm.Handle) (vmm.FabricHandle, error) {
 	if err := d.enter(); err != nil {
 		return vmm.FabricHandle{}, err
 	}
 	defer d.life.RUnlock()
+	if _, err := d.books.Page(h); err != nil {
+		return vmm.FabricHandle{}, fmt.Errorf("exporting as a fabric handle: %w", err)
+	}
 	return vmm.FabricHandle{}, fmt.Errorf("exporting page %#x as a fabric handle: %w", uint64(h), vmm.ErrNotSupported)
 }
 

@@ -265,7 +265,12 @@ func TestExportImportErrors(t *testing.T) {
 	_, err = d.Create(0, gran, vmm.HandleFabric)
 	require.ErrorIs(t, err, vmm.ErrNotSupported)
 	_, err = d.ExportFabric(h)
-	require.ErrorIs(t, err, vmm.ErrNotSupported)
+	require.ErrorIs(t, err, vmm.ErrInvalid, "released page")
+	live, err := d.Create(0, gran, vmm.HandleNone)
+	require.NoError(t, err)
+	_, err = d.ExportFabric(live)
+	require.ErrorIs(t, err, vmm.ErrNotSupported, "a live page")
+	require.NoError(t, d.Release(live))
 	_, err = d.ImportFabric(vmm.FabricHandle{})
 	require.ErrorIs(t, err, vmm.ErrNotSupported)
 

@@ -91,11 +91,16 @@ func testExportWithoutPosixFD(t *testing.T, c Config) {
 }
 
 // testFabric checks fabric handles: a round trip where the device has them,
-// ErrNotSupported where it has not.
+// ErrNotSupported where it has not, ErrInvalid for a page that is not live
+// either way.
 func testFabric(t *testing.T, c Config) {
 	e := open(t, c)
+	dead := e.create(e.gran, vmm.HandleNone)
+	require.NoError(t, e.d.Release(dead))
+	_, err := e.d.ExportFabric(dead)
+	requireIs(t, err, vmm.ErrInvalid, "ExportFabric of a released page")
 	if !e.info.Fabric {
-		_, err := e.d.Create(e.dev, e.gran, vmm.HandleFabric)
+		_, err = e.d.Create(e.dev, e.gran, vmm.HandleFabric)
 		requireIs(t, err, vmm.ErrNotSupported, "Create with HandleFabric on a device without fabric handles")
 		_, err = e.d.ImportFabric(vmm.FabricHandle{1})
 		requireIs(t, err, vmm.ErrNotSupported, "ImportFabric on a device without fabric handles")
