@@ -168,10 +168,14 @@ func (d *Driver) MemAlloc(dev vmm.Device, size uint64) (vmm.DevicePtr, error) {
 	if err := d.checkDevice(dev); err != nil {
 		return 0, fmt.Errorf("allocating: %w", err)
 	}
-	mapped, ok := roundUp(size, osPage)
-	if size == 0 || !ok {
+	if size == 0 {
 		return 0, fmt.Errorf("allocating %d bytes: %w", size, vmm.ErrInvalid)
 	}
+	if size > d.opts.Capacity {
+		// Before rounding up, which overflows near the top of the range.
+		return 0, fmt.Errorf("allocating %d bytes on device %d of %d: %w", size, dev, d.opts.Capacity, vmm.ErrOutOfMemory)
+	}
+	mapped, _ := roundUp(size, osPage) // no overflow: size <= MaxCapacity
 	d.mu.Lock()
 	err := d.take(dev, mapped)
 	d.mu.Unlock()

@@ -137,6 +137,11 @@ func testMemAlloc(t *testing.T, c Config) {
 		require.NoError(t, e.d.MemFree(x))
 	}
 	requireIs(t, err, vmm.ErrOutOfMemory, "MemAlloc(%d bytes) beyond the device's memory", big)
+	x, err = e.d.MemAlloc(e.dev, math.MaxUint64)
+	if err == nil {
+		require.NoError(t, e.d.MemFree(x))
+	}
+	requireIs(t, err, vmm.ErrOutOfMemory, "MemAlloc(%d bytes)", uint64(math.MaxUint64))
 }
 
 // testWrapAround checks that a copy or memset whose end runs past the top
