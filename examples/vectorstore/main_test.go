@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/host"
 	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
@@ -106,4 +108,26 @@ func TestService(t *testing.T) {
 	require.Equal(t, http.StatusInsufficientStorage, code, body)
 	require.Contains(t, body, "past its maximum of 8388608 bytes")
 	require.Equal(t, 131074, s.count())
+}
+
+// TestAppendChecksBeforeAllocating: a request with many vectors of the
+// wrong length is refused without first making room for all of them. The
+// room was the request's count of vectors times the vector size: a 64 MiB
+// body of "[]," asks for 22 million vectors, 68 GB at the default -dim 768,
+// and the server died with "fatal error: runtime: out of memory".
+func TestAppendChecksBeforeAllocating(t *testing.T) {
+	d := vmmtest.HostDriver(t, 1<<30)
+	const dim = 1024 // 4 KiB a vector
+	s, err := newStore(d, dim, 8<<20)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.close()) }()
+	vecs := make([][]float32, 1<<20) // empty vectors: 4 GiB of room before the fix
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err = s.add(vecs)
+	runtime.ReadMemStats(&after)
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+	require.Contains(t, err.Error(), "vector 0 has 0 values, want 1024")
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "bytes allocated to refuse the request")
+	require.Zero(t, s.count())
 }

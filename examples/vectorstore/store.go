@@ -36,11 +36,15 @@ func (s *store) count() int { return int(s.buf.Len() / s.vecBytes()) }
 // add appends vecs, each of s.dim values, and returns the index of the
 // first.
 func (s *store) add(vecs [][]float32) (int, error) {
-	raw := make([]byte, 0, uint64(len(vecs))*s.vecBytes())
+	// Check every vector before making room for them: the request's
+	// count of vectors is the client's to choose.
 	for i, v := range vecs {
 		if len(v) != s.dim {
 			return 0, fmt.Errorf("vector %d has %d values, want %d: %w", i, len(v), s.dim, vmm.ErrInvalid)
 		}
+	}
+	raw := make([]byte, 0, uint64(len(vecs))*s.vecBytes())
+	for _, v := range vecs {
 		for _, x := range v {
 			raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(x))
 		}
