@@ -2,9 +2,11 @@ package main
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/xseg-dev/xseg/expandable"
 	"github.com/xseg-dev/xseg/vmm"
@@ -18,6 +20,10 @@ type store struct {
 	buf *expandable.Buffer
 	dim int
 	mu  sync.Mutex // serializes appends: grow, then write at the old end
+	// n is the number of vectors written: an append counts its vectors
+	// once they are on the device, so a read never sees a vector that is
+	// not written yet, or that a failed append left behind.
+	n atomic.Int64
 }
 
 func newStore(d vmm.Driver, dim int, maxBytes uint64) (*store, error) {
@@ -31,10 +37,10 @@ func newStore(d vmm.Driver, dim int, maxBytes uint64) (*store, error) {
 func (s *store) vecBytes() uint64 { return uint64(s.dim) * 4 }
 
 // count is the number of vectors stored.
-func (s *store) count() int { return int(s.buf.Len() / s.vecBytes()) }
+func (s *store) count() int { return int(s.n.Load()) }
 
 // add appends vecs, each of s.dim values, and returns the index of the
-// first.
+// first. If it fails, nothing changes.
 func (s *store) add(vecs [][]float32) (int, error) {
 	// Check every vector before making room for them: the request's
 	// count of vectors is the client's to choose.
@@ -56,8 +62,10 @@ func (s *store) add(vecs [][]float32) (int, error) {
 		return 0, err
 	}
 	if err := s.d.CopyHtoD(s.buf.Ptr().Add(off), raw); err != nil {
-		return 0, fmt.Errorf("writing %d vectors: %w", len(vecs), err)
+		// Shrink restores the length even if it fails to unmap.
+		return 0, errors.Join(fmt.Errorf("writing %d vectors: %w", len(vecs), err), s.buf.Shrink(uint64(len(raw))))
 	}
+	s.n.Store(int64((off + uint64(len(raw))) / s.vecBytes()))
 	return int(off / s.vecBytes()), nil
 }
 
