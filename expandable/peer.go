@@ -22,9 +22,10 @@ import (
 // The allocator's own device, or a device the driver does not have, is
 // vmm.ErrInvalid. If the driver fails part way, the access granted by this
 // call is revoked and the peer is not enabled. It is safe to call
-// concurrently with every other method.
+// concurrently with every other method; after Close it fails with
+// vmm.ErrClosed.
 func (a *Allocator) EnablePeerAccess(peer vmm.Device) error {
-	if err := a.checkPeer(peer); err != nil {
+	if err := a.checkPeer("enabling", peer); err != nil {
 		return err
 	}
 	p := a.pages
@@ -61,9 +62,10 @@ func (a *Allocator) EnablePeerAccess(peer vmm.Device) error {
 // page is set to vmm.AccessNone for it. Disabling a peer that is not
 // enabled does nothing. If the driver fails part way, the peer stays
 // disabled for new pages and the error names the runs it still reaches.
-// It is safe to call concurrently with every other method.
+// It is safe to call concurrently with every other method; after Close it
+// fails with vmm.ErrClosed.
 func (a *Allocator) DisablePeerAccess(peer vmm.Device) error {
-	if err := a.checkPeer(peer); err != nil {
+	if err := a.checkPeer("disabling", peer); err != nil {
 		return err
 	}
 	p := a.pages
@@ -106,9 +108,13 @@ func (a *Allocator) AccessList() []vmm.AccessDesc {
 	return slices.Clone(a.pages.accessLocked())
 }
 
-// checkPeer reports vmm.ErrInvalid unless peer is a device of the driver
-// other than the allocator's.
-func (a *Allocator) checkPeer(peer vmm.Device) error {
+// checkPeer reports vmm.ErrClosed once the allocator is closed, and
+// vmm.ErrInvalid unless peer is a device of the driver other than the
+// allocator's. what is "enabling" or "disabling".
+func (a *Allocator) checkPeer(what string, peer vmm.Device) error {
+	if a.heap.Closed() {
+		return fmt.Errorf("expandable: %s peer access of device %d: %w", what, peer, vmm.ErrClosed)
+	}
 	if peer == a.dev {
 		return fmt.Errorf("expandable: peer access: device %d is the allocator's own device: %w", peer, vmm.ErrInvalid)
 	}

@@ -190,3 +190,25 @@ func requireAccess(t *testing.T, d vmm.Driver, ptr vmm.DevicePtr, dev vmm.Device
 	require.NoError(t, err)
 	require.Equal(t, want, got, "device %d at %v", dev, ptr)
 }
+
+// TestPeerAccessAfterClose: once the allocator is closed (its driver still
+// open), enabling or disabling a peer fails with vmm.ErrClosed, as every
+// other method does, and touches no access and no peer list.
+func TestPeerAccessAfterClose(t *testing.T) {
+	f := twoDevices(t)
+	a, err := New(f, 0, ClassicConfig(), nil)
+	require.NoError(t, err)
+	p, err := a.Alloc(1<<20, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.EnablePeerAccess(1))
+	require.NoError(t, a.Free(p))
+	require.NoError(t, a.Close())
+
+	before := f.Calls(vmmtest.OpSetAccess)
+	require.ErrorIs(t, a.EnablePeerAccess(1), vmm.ErrClosed, "enabling an enabled peer")
+	require.ErrorIs(t, a.DisablePeerAccess(1), vmm.ErrClosed)
+	require.Equal(t, []vmm.Device{1}, a.Peers(), "a failed Disable changes no peer")
+	require.ErrorIs(t, a.EnablePeerAccess(1), vmm.ErrClosed, "enabling a disabled peer")
+	require.ErrorIs(t, a.DisablePeerAccess(0), vmm.ErrClosed, "the closed allocator's own device")
+	require.Equal(t, before, f.Calls(vmmtest.OpSetAccess), "SetAccess calls after Close")
+}

@@ -67,6 +67,9 @@ func run(out io.Writer, opts xseg.Options, idle time.Duration) (err error) {
 		if paused, _, _ := s.Sleeping(); paused {
 			break
 		}
+		if err := s.pauseErr(); err != nil {
+			return fmt.Errorf("the service could not pause: %w", err)
+		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("the service did not pause after %v idle", 20*idle)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg"
+	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
@@ -60,4 +61,35 @@ func TestServiceUnderLoad(t *testing.T) {
 	require.NotZero(t, sleeps, "the service paused under a bursty load")
 	require.GreaterOrEqual(t, sleeps, wakes)
 	require.NoError(t, s.Close())
+}
+
+// TestPauseFailureKeepsServing: on an allocator that cannot pause (the
+// fallback allocator: plain allocations cannot come back at their
+// addresses) the service stays awake and answers every request, and the
+// program says why it could not pause. Before, a failed pause marked the
+// service paused anyway, and every later request failed trying to resume.
+func TestPauseFailureKeepsServing(t *testing.T) {
+	d := vmmtest.HostDriver(t, 1<<30)
+	cfg := xseg.DefaultConfig()
+	a, err := xseg.Open(xseg.Options{Driver: d, Allocator: xseg.AllocatorFallback, Config: &cfg})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, a.Close()) }()
+	s, err := newService(a, 4<<20, 8<<20, time.Millisecond)
+	require.NoError(t, err)
+	for i := range uint64(5) {
+		time.Sleep(20 * time.Millisecond) // idle: the service tries to pause
+		q := i * 7919
+		b, err := s.Query(q)
+		require.NoError(t, err, "query %d after a failed pause", q)
+		require.Equal(t, weightByte(q), b)
+		paused, sleeps, wakes := s.Sleeping()
+		require.False(t, paused)
+		require.Zero(t, sleeps+wakes)
+	}
+	require.ErrorIs(t, s.Close(), vmm.ErrNotSupported, "Close reports the failed pause")
+
+	var out bytes.Buffer
+	err = run(&out, xseg.Options{Driver: d, Allocator: xseg.AllocatorFallback}, time.Millisecond)
+	require.ErrorIs(t, err, vmm.ErrNotSupported)
+	require.Contains(t, err.Error(), "the service could not pause")
 }

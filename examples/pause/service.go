@@ -108,13 +108,27 @@ func (s *service) sleepIfIdle() {
 	if s.mu.closed || s.mu.paused {
 		return
 	}
-	if err := errors.Join(s.weights.Pause(true), s.kv.Pause(false)); err != nil {
-		// Each tag is paused wholly or not at all; the next request
-		// resumes whichever was.
-		s.mu.err = errors.Join(s.mu.err, err)
+	// Each tag is paused wholly or not at all; the next request resumes
+	// whichever was.
+	werr, kerr := s.weights.Pause(true), s.kv.Pause(false)
+	if err := errors.Join(werr, kerr); err != nil && s.mu.err == nil {
+		s.mu.err = err
+	}
+	if werr != nil && kerr != nil {
+		// Nothing was paused (an allocator that cannot pause, such as
+		// the fallback allocator, fails every time): the service stays
+		// awake, and tries again once idle after the next request.
+		return
 	}
 	s.mu.paused = true
 	s.mu.sleeps++
+}
+
+// pauseErr returns the first error of a pause the timer made.
+func (s *service) pauseErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.err
 }
 
 // Sleeping reports whether the service is paused, and how often it has

@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/host"
 	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
@@ -106,4 +108,83 @@ func TestService(t *testing.T) {
 	require.Equal(t, http.StatusInsufficientStorage, code, body)
 	require.Contains(t, body, "past its maximum of 8388608 bytes")
 	require.Equal(t, 131074, s.count())
+}
+
+// TestAppendChecksBeforeAllocating: a request with many vectors of the
+// wrong length is refused without first making room for all of them. The
+// room was the request's count of vectors times the vector size: a 64 MiB
+// body of "[]," asks for 22 million vectors, 68 GB at the default -dim 768,
+// and the server died with "fatal error: runtime: out of memory".
+func TestAppendChecksBeforeAllocating(t *testing.T) {
+	d := vmmtest.HostDriver(t, 1<<30)
+	const dim = 1024 // 4 KiB a vector
+	s, err := newStore(d, dim, 8<<20)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.close()) }()
+	vecs := make([][]float32, 1<<20) // empty vectors: 4 GiB of room before the fix
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err = s.add(vecs)
+	runtime.ReadMemStats(&after)
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+	require.Contains(t, err.Error(), "vector 0 has 0 values, want 1024")
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "bytes allocated to refuse the request")
+	require.Zero(t, s.count())
+}
+
+// gatedCopies is a driver whose CopyHtoD says it has begun on entered,
+// then waits for gate and fails with fail if it is set.
+type gatedCopies struct {
+	vmm.Driver
+	entered, gate chan struct{}
+	fail          error
+}
+
+func (g *gatedCopies) CopyHtoD(dst vmm.DevicePtr, src []byte) error {
+	g.entered <- struct{}{}
+	<-g.gate
+	if g.fail != nil {
+		return g.fail
+	}
+	return g.Driver.CopyHtoD(dst, src)
+}
+
+// TestAppendIsAtomic: while an append writes its vectors they cannot be
+// read (before, a concurrent GET /vector read the grown but unwritten
+// memory: zeros here, stale device memory on a GPU), and an append whose
+// write fails leaves nothing behind (before, its unwritten vectors were
+// counted and served, and the next append came after them).
+func TestAppendIsAtomic(t *testing.T) {
+	g := &gatedCopies{Driver: vmmtest.HostDriver(t, 1<<30), entered: make(chan struct{}), gate: make(chan struct{})}
+	s, err := newStore(g, 4, 8<<20)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.close()) }()
+
+	for _, fail := range []error{vmmtest.ErrInjected, nil} {
+		g.fail = fail
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.add([][]float32{{1, 2, 3, 4}})
+			done <- err
+		}()
+		<-g.entered // grown, not written yet
+		_, err := s.get(0)
+		require.ErrorIs(t, err, vmm.ErrInvalid, "reading a vector being written (fail=%v)", fail)
+		require.Zero(t, s.count())
+		g.gate <- struct{}{}
+		err = <-done
+		if fail != nil {
+			require.ErrorIs(t, err, fail)
+			require.Zero(t, s.count(), "a failed append counts no vector")
+			require.Zero(t, s.buf.Len(), "a failed append leaves the buffer as it was")
+			_, err = s.get(0)
+			require.ErrorIs(t, err, vmm.ErrInvalid)
+			continue
+		}
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, s.count())
+	v, err := s.get(0)
+	require.NoError(t, err)
+	require.Equal(t, []float32{1, 2, 3, 4}, v)
 }

@@ -2,9 +2,11 @@ package main
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/xseg-dev/xseg/expandable"
 	"github.com/xseg-dev/xseg/vmm"
@@ -18,6 +20,10 @@ type store struct {
 	buf *expandable.Buffer
 	dim int
 	mu  sync.Mutex // serializes appends: grow, then write at the old end
+	// n is the number of vectors written: an append counts its vectors
+	// once they are on the device, so a read never sees a vector that is
+	// not written yet, or that a failed append left behind.
+	n atomic.Int64
 }
 
 func newStore(d vmm.Driver, dim int, maxBytes uint64) (*store, error) {
@@ -31,16 +37,20 @@ func newStore(d vmm.Driver, dim int, maxBytes uint64) (*store, error) {
 func (s *store) vecBytes() uint64 { return uint64(s.dim) * 4 }
 
 // count is the number of vectors stored.
-func (s *store) count() int { return int(s.buf.Len() / s.vecBytes()) }
+func (s *store) count() int { return int(s.n.Load()) }
 
 // add appends vecs, each of s.dim values, and returns the index of the
-// first.
+// first. If it fails, nothing changes.
 func (s *store) add(vecs [][]float32) (int, error) {
-	raw := make([]byte, 0, uint64(len(vecs))*s.vecBytes())
+	// Check every vector before making room for them: the request's
+	// count of vectors is the client's to choose.
 	for i, v := range vecs {
 		if len(v) != s.dim {
 			return 0, fmt.Errorf("vector %d has %d values, want %d: %w", i, len(v), s.dim, vmm.ErrInvalid)
 		}
+	}
+	raw := make([]byte, 0, uint64(len(vecs))*s.vecBytes())
+	for _, v := range vecs {
 		for _, x := range v {
 			raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(x))
 		}
@@ -52,8 +62,10 @@ func (s *store) add(vecs [][]float32) (int, error) {
 		return 0, err
 	}
 	if err := s.d.CopyHtoD(s.buf.Ptr().Add(off), raw); err != nil {
-		return 0, fmt.Errorf("writing %d vectors: %w", len(vecs), err)
+		// Shrink restores the length even if it fails to unmap.
+		return 0, errors.Join(fmt.Errorf("writing %d vectors: %w", len(vecs), err), s.buf.Shrink(uint64(len(raw))))
 	}
+	s.n.Store(int64((off + uint64(len(raw))) / s.vecBytes()))
 	return int(off / s.vecBytes()), nil
 }
 

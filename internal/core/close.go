@@ -52,6 +52,15 @@ func (h *Heap) Close() error {
 	return nil
 }
 
+// Closed reports whether Close has been called: from then on every other
+// method fails with vmm.ErrClosed, and so should the methods of a Backing's
+// allocator that do not go through the Heap (peer access).
+func (h *Heap) Closed() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.mu.closed
+}
+
 // heldNothingLocked reports whether a closed Heap has given everything
 // back: no segment, no cached page, no event.
 func (h *Heap) heldNothingLocked() bool {
