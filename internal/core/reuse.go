@@ -42,10 +42,14 @@ func (h *Heap) AllocReusable(size uint64, s vmm.Stream) (vmm.DevicePtr, bool, er
 
 // CountReused counts an allocation and a free of the allocated block at
 // ptr that were made without the Heap: the block was freed and taken back
-// for the same request on the same stream.
+// for the same request on the same stream. After Close it fails with
+// vmm.ErrClosed.
 func (h *Heap) CountReused(ptr vmm.DevicePtr) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.mu.closed {
+		return fmt.Errorf("counting a block taken back at %v: %w", ptr, vmm.ErrClosed)
+	}
 	b := h.blockLocked(ptr)
 	if b == nil || b.state != stAllocated {
 		return fmt.Errorf("counting a block taken back at %v: not an allocated block: %w", ptr, vmm.ErrInvalid)

@@ -104,5 +104,12 @@ func TestCountReused(t *testing.T) {
 		require.Equal(t, []string{"free_requested", "free_completed", "alloc"}, actions(a.History()))
 		require.NoError(t, a.RecordHistory(0))
 		require.NoError(t, a.Free(p))
+
+		// After Close, the error says so (libxseg's free queue may
+		// still hold a pointer then).
+		r, err := a.Alloc(1000, 0)
+		require.NoError(t, err)
+		require.NoError(t, a.Close())
+		require.ErrorIs(t, a.CountReused(r), vmm.ErrClosed)
 	})
 }
