@@ -264,6 +264,8 @@ def mp(mode, serve=False):
 # against 0.64), one with each of two builds whose sharing paths are the
 # same (bench/RESULTS.md round 33): single rounds vary by a third.
 ROUNDS = 15
+# How far xseg's median may lie above native's before the check fails.
+MP_SLACK = 1.25
 
 
 def mp_paired():
@@ -356,8 +358,15 @@ def main():
     n, x = runs["native"], runs["xseg"]
     check(x["all_read_right"] and x["read_right_after_producer_dropped"] and x["child_exit"] == 0,
           "xseg: 1 GiB through torch.multiprocessing read right, also after the producer dropped it")
-    check(x["median_ms"] <= n["median_ms"],
-          f"xseg put->first read median {x['median_ms']:.2f} ms vs native {n['median_ms']:.2f} ms")
+    # xseg and PyTorch's IPC are at parity here (README: xseg's median was
+    # the lower one in 13 of 21 rounds), so a strict comparison fails on
+    # noise; MP_SLACK bounds the ratio instead, well below what a real
+    # regression costs (a 1 GiB block on 20 MiB pages took 3.5 ms against
+    # 0.44 to 0.60, docs/DESIGN.md, round 16).
+    ratio = x["median_ms"] / n["median_ms"]
+    check(ratio <= MP_SLACK,
+          f"xseg put->first read median {x['median_ms']:.3f} ms vs native {n['median_ms']:.3f} ms "
+          f"(ratio {ratio:.2f}, at most {MP_SLACK})")
     if failures:
         print(f"{len(failures)} checks failed")
         sys.exit(1)
