@@ -34,9 +34,7 @@ func fetchSocket(ctx context.Context, d *handles.Descriptor) ([]*handles.FD, *ne
 	if err == nil {
 		fds, err = readFDs(conn, count)
 	}
-	if cerr := done(); cerr != nil {
-		err = cancelled(cerr, err)
-	}
+	err = done(err)
 	if err == nil {
 		err = conn.SetDeadline(time.Time{})
 	}
@@ -100,9 +98,7 @@ func (p *pendingLease) await(ctx context.Context) (*net.UnixConn, error) {
 	if err == nil && count != 0 {
 		err = fmt.Errorf("exporter offers %d fds to a lease-only request", count)
 	}
-	if cerr := done(); cerr != nil {
-		err = cancelled(cerr, err)
-	}
+	err = done(err)
 	if err == nil {
 		err = p.conn.SetDeadline(time.Time{})
 	}
@@ -116,25 +112,19 @@ func (p *pendingLease) await(ctx context.Context) (*net.UnixConn, error) {
 // stopOnCancel makes the end of ctx (a cancel, or its deadline) stop the
 // exchange on conn at once, not only at conn's deadline: it sets a
 // deadline in the past, which wakes every read and write blocked on conn.
-// The returned done ends the watch; it returns ctx's error if ctx ended
-// meanwhile, for the caller to fail the exchange with (see cancelled).
-func stopOnCancel(ctx context.Context, conn *net.UnixConn) (done func() error) {
+// The returned done ends the watch and returns the exchange's error, err
+// (nil if it finished), joined with ctx's if ctx ended meanwhile.
+func stopOnCancel(ctx context.Context, conn *net.UnixConn) (done func(err error) error) {
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
-	return func() error {
-		if stop() {
-			return nil
+	return func(err error) error {
+		switch {
+		case stop():
+			return err
+		case err == nil:
+			return fmt.Errorf("socket exchange: %w", ctx.Err())
 		}
-		return ctx.Err()
+		return fmt.Errorf("%w (%w)", ctx.Err(), err)
 	}
-}
-
-// cancelled is the error of an exchange that the end of its context
-// (ctxErr) stopped; err is what the exchange saw, nil if it finished.
-func cancelled(ctxErr, err error) error {
-	if err == nil {
-		return fmt.Errorf("socket exchange: %w", ctxErr)
-	}
-	return fmt.Errorf("%w (%w)", ctxErr, err)
 }
 
 // dial connects to d's endpoint, sets the exchange's deadline (ctx's, else

@@ -47,8 +47,8 @@ type ExporterOptions struct {
 	NoSocket bool
 	// Endpoint names the socket: "@name" (abstract, the default with a
 	// random name) or a filesystem path, removed on Close. It must fit in
-	// a descriptor (handles.CheckEndpoint: at most 107 bytes, no NUL),
-	// else NewExporter fails with vmm.ErrInvalid.
+	// a descriptor (handles.CheckEndpoint: at most handles.MaxEndpoint
+	// bytes, no NUL), else NewExporter fails with vmm.ErrInvalid.
 	Endpoint string
 	// Timeout bounds one importer's exchange (default 10 s).
 	Timeout time.Duration

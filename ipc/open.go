@@ -32,9 +32,10 @@ type OpenOptions struct {
 // A Mapping is one Open of a shared block: the block's bytes at an address
 // of this process. Opens of the same descriptor (same exporter pid and
 // token) through the same Importer, on the same device and with the same
-// access (OpenOptions.Access) share one mapping, counted by reference: each Open returns its own Mapping, and
-// the shared mapping is unmapped when the last of them closes. A mapping
-// stays valid after the exporter exits.
+// access (OpenOptions.Access) share one mapping, counted by reference:
+// each Open returns its own Mapping, and the shared mapping is unmapped
+// when the last of them closes. A mapping stays valid after the exporter
+// exits.
 //
 // A Mapping is safe for concurrent use.
 type Mapping struct {

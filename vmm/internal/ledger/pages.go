@@ -269,12 +269,12 @@ func (l *Ledger) Lookup(ptr vmm.DevicePtr) (Mapping, bool) {
 // Accessible reports whether dev may access all of [ptr, ptr+n) with at least
 // the given flags: every byte is mapped and dev was granted access.
 func (l *Ledger) Accessible(ptr vmm.DevicePtr, n uint64, dev vmm.Device, want vmm.Access) error {
-	end := ptr.Add(n)
-	if end < ptr {
-		return fmt.Errorf("%d bytes at %v: wraps around the address space: %w", n, ptr, vmm.ErrInvalid)
+	if err := checkWrap(Span{Ptr: ptr, N: n}); err != nil {
+		return err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	end := ptr.Add(n)
 	for p := ptr; p < end; {
 		s := l.slotAt(p)
 		if s == 0 {

@@ -18,8 +18,7 @@ type Span struct {
 // one opened through IPC), which every device may use.
 func (l *Ledger) InAlloc(s Span) bool {
 	base, size, ok := l.AllocAt(s.Ptr)
-	end := s.Ptr.Add(s.N)
-	return ok && end >= s.Ptr && end <= base.Add(size)
+	return ok && checkWrap(s) == nil && s.Ptr.Add(s.N) <= base.Add(size)
 }
 
 // checkWrap reports vmm.ErrInvalid for a span that runs past the end of
