@@ -626,6 +626,84 @@ def free_on_another_thread(torch):
     return {"freed": base - torch.cuda.memory_allocated() > 0}
 
 
+# Libraries that take their workspaces from the caching allocator: cuDNN's
+# RNNs, cuSOLVER, cuFFT's plan cache, CUB's sort and unique, and functorch's
+# transforms over them.
+
+@program(tol=1e-5)
+def lstm_cudnn_training(torch):
+    torch.manual_seed(4)
+    rnn = torch.nn.LSTM(48, 96, num_layers=2, batch_first=True, dropout=0.0).cuda()
+    head = torch.nn.Linear(96, 1).cuda()
+    opt = torch.optim.Adam(list(rnn.parameters()) + list(head.parameters()), lr=1e-3)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    losses = []
+    for i in range(4):
+        x = torch.randn(8, 20 + 7 * i, 48, device="cuda", generator=g)
+        out, _ = rnn(x)
+        loss = head(out[:, -1]).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses}
+
+
+@program(tol=1e-4)
+def linalg_solvers(torch):
+    g = torch.Generator(device="cuda").manual_seed(6)
+    a = torch.randn(96, 96, device="cuda", dtype=torch.float64, generator=g)
+    spd = a @ a.T + 96 * torch.eye(96, device="cuda", dtype=torch.float64)
+    b = torch.randn(96, 5, device="cuda", dtype=torch.float64, generator=g)
+    batch = torch.randn(16, 24, 24, device="cuda", dtype=torch.float64, generator=g)
+    return {"eigh": torch.linalg.eigvalsh(spd)[-3:].tolist(),
+            "svd": torch.linalg.svdvals(a)[:3].tolist(),
+            "solve": torch.linalg.solve(spd, b).abs().sum().item(),
+            "cholesky": torch.linalg.cholesky(spd).diagonal().sum().item(),
+            "inv_batched": torch.linalg.inv(batch).abs().sum().item(),
+            "qr": torch.linalg.qr(a).R.diagonal().abs().sum().item()}
+
+
+@program(tol=1e-4)
+def fft_plan_cache(torch):
+    g = torch.Generator(device="cuda").manual_seed(7)
+    sums = []
+    for n in (1000, 1024, 4097, 1000):  # a size seen again uses its cached plan
+        x = torch.randn(8, n, device="cuda", generator=g)
+        y = torch.fft.irfft(torch.fft.rfft(x) * 0.5, n=n)
+        sums.append((y - 0.5 * x).abs().max().item() < 1e-4)
+        sums.append(torch.fft.fft2(x.reshape(8, -1, 1).expand(8, n, 4).contiguous()).abs().sum().item())
+    return {"checks": sums, "plans": torch.backends.cuda.cufft_plan_cache.size}
+
+
+@program()
+def sort_unique_nonzero(torch):
+    g = torch.Generator(device="cuda").manual_seed(8)
+    x = torch.randint(0, 5000, (3_000_000,), device="cuda", generator=g)
+    s, idx = torch.sort(x, stable=True)
+    u, counts = torch.unique(x, return_counts=True)
+    top = torch.topk(x.float(), 10).values
+    return {"sorted": bool((s[1:] >= s[:-1]).all().item()), "idx_sum": idx[:1000].sum().item(),
+            "unique": u.numel(), "counts": counts[:5].tolist(), "nonzero": torch.nonzero(x > 4990).shape[0],
+            "top": top.tolist()}
+
+
+@program(tol=1e-5)
+def functorch_vmap_grad(torch):
+    from torch.func import functional_call, grad, vmap
+    torch.manual_seed(9)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).cuda()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x = torch.randn(64, 16, device="cuda")
+    y = torch.randn(64, 1, device="cuda")
+
+    def loss(p, xi, yi):
+        return (functional_call(model, p, (xi.unsqueeze(0),)) - yi).pow(2).sum()
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    return {k: v.abs().sum().item() for k, v in sorted(per_sample.items())}
+
+
 def run_side(mode, names):
     if mode == "launched":  # started by python3 -m xseg: installed already
         import xseg
