@@ -214,10 +214,60 @@ func TestFreeQueueDirectWithThreshold(t *testing.T) {
 // meet a block taken back under the rules of the epoch before.
 func TestExportsDrainFirst(t *testing.T) {
 	plain := map[string]bool{"xsegGoMalloc": true, "xsegGoMallocOrError": true, "xsegGoFree": true}
+	n, nPlain := 0, 0
+	for _, e := range goExports(t) {
+		fn := e.fn
+		n++
+		catchFn, drainFn := "catch", "drainFrees"
+		if plain[fn.Name.Name] {
+			catchFn, drainFn = "catchPlain", "drainPlain"
+			nPlain++
+		}
+		drains, deferred := false, false
+		for _, st := range fn.Body.List {
+			if d, ok := st.(*ast.DeferStmt); ok && isCall(d.Call, catchFn) {
+				deferred = true
+				continue
+			}
+			if e, ok := st.(*ast.ExprStmt); ok && deferred {
+				if c, ok := e.X.(*ast.CallExpr); ok && isCall(c, drainFn) {
+					drains = true
+				}
+			}
+			if deferred {
+				break
+			}
+		}
+		require.True(t, drains, "%s: %s does not call %s right after its deferred %s", e.file, fn.Name.Name, drainFn, catchFn)
+	}
+	require.GreaterOrEqual(t, n, 30, "found too few exports")
+	require.Equal(t, len(plain), nPlain, "a plain export is missing")
+}
+
+// TestExportsBehindShim: Go exports only xsegGo... functions, never one
+// under a name of xseg.h: each C entry point is a wrapper in C or C++
+// that refuses in a child forked after the library loaded before it calls
+// into Go (the memory-limit and history functions were exported directly
+// and hung such a child).
+func TestExportsBehindShim(t *testing.T) {
+	for _, e := range goExports(t) {
+		require.True(t, strings.HasPrefix(e.fn.Name.Name, "xsegGo"), "%s: %s is exported to C without a shim.c wrapper (no fork guard)", e.file, e.fn.Name.Name)
+	}
+}
+
+// goExport is a function of the package exported to C, and its file.
+type goExport struct {
+	file string
+	fn   *ast.FuncDecl
+}
+
+// goExports parses the package's non-test files and returns its
+// functions exported to C (//export).
+func goExports(t *testing.T) []goExport {
 	files, err := filepath.Glob("*.go")
 	require.NoError(t, err)
 	fset := token.NewFileSet()
-	n, nPlain := 0, 0
+	var out []goExport
 	for _, f := range files {
 		if strings.HasSuffix(f, "_test.go") {
 			continue
@@ -225,36 +275,12 @@ func TestExportsDrainFirst(t *testing.T) {
 		file, err := parser.ParseFile(fset, f, nil, parser.ParseComments)
 		require.NoError(t, err)
 		for _, d := range file.Decls {
-			fn, ok := d.(*ast.FuncDecl)
-			if !ok || fn.Doc == nil || !exported(fn) {
-				continue
+			if fn, ok := d.(*ast.FuncDecl); ok && fn.Doc != nil && exported(fn) {
+				out = append(out, goExport{f, fn})
 			}
-			n++
-			catchFn, drainFn := "catch", "drainFrees"
-			if plain[fn.Name.Name] {
-				catchFn, drainFn = "catchPlain", "drainPlain"
-				nPlain++
-			}
-			drains, deferred := false, false
-			for _, st := range fn.Body.List {
-				if d, ok := st.(*ast.DeferStmt); ok && isCall(d.Call, catchFn) {
-					deferred = true
-					continue
-				}
-				if e, ok := st.(*ast.ExprStmt); ok && deferred {
-					if c, ok := e.X.(*ast.CallExpr); ok && isCall(c, drainFn) {
-						drains = true
-					}
-				}
-				if deferred {
-					break
-				}
-			}
-			require.True(t, drains, "%s: %s does not call %s right after its deferred %s", f, fn.Name.Name, drainFn, catchFn)
 		}
 	}
-	require.GreaterOrEqual(t, n, 30, "found too few exports")
-	require.Equal(t, len(plain), nPlain, "a plain export is missing")
+	return out
 }
 
 func isCall(c *ast.CallExpr, name string) bool {

@@ -15,9 +15,10 @@ import (
 )
 
 // The memory limit (PyTorch's memory_fraction_fn hook) and the allocation
-// history (memory_viz) of xseg.h. These exports take numbers and C
-// pointers to numbers only, never a stream handle, so they are exported
-// under their C names directly, without a shim.c wrapper.
+// history (memory_viz) of xseg.h. Each C function is a shim.c wrapper, as
+// every other entry point: it refuses in a child forked after the library
+// loaded (XSEG_FORK_GUARD) before it calls into Go, where such a child
+// may wait forever.
 
 // limiter returns dev's allocator's memory limit, making the allocator if
 // need be.
@@ -115,8 +116,8 @@ func (l *library) historyJSON(dev int) ([]byte, error) {
 	return json.Marshal(events)
 }
 
-//export xseg_set_memory_fraction
-func xseg_set_memory_fraction(fraction C.double, device C.int) {
+//export xsegGoSetMemoryFraction
+func xsegGoSetMemoryFraction(fraction C.double, device C.int) {
 	defer catch("xseg_set_memory_fraction")
 	drainFrees()
 	if err := lib.setMemoryFraction(float64(fraction), int(device)); err != nil {
@@ -124,8 +125,8 @@ func xseg_set_memory_fraction(fraction C.double, device C.int) {
 	}
 }
 
-//export xseg_memory_fraction
-func xseg_memory_fraction(device C.int, out *C.double) (rc C.int) {
+//export xsegGoMemoryFraction
+func xsegGoMemoryFraction(device C.int, out *C.double) (rc C.int) {
 	rc = -1
 	defer catch("xseg_memory_fraction")
 	drainFrees()
@@ -147,32 +148,32 @@ func readInto[V, Out any](name, param string, device C.int, out *Out, get func(i
 	return status(name, err)
 }
 
-//export xseg_set_memory_limit
-func xseg_set_memory_limit(device C.int, bytes C.ulonglong) (rc C.int) {
+//export xsegGoSetMemoryLimit
+func xsegGoSetMemoryLimit(device C.int, bytes C.ulonglong) (rc C.int) {
 	rc = -1
 	defer catch("xseg_set_memory_limit")
 	drainFrees()
 	return status("xseg_set_memory_limit", lib.setMemoryLimit(int(device), uint64(bytes)))
 }
 
-//export xseg_cache_info
-func xseg_cache_info(device C.int, largest *C.size_t) (rc C.int) {
+//export xsegGoCacheInfo
+func xsegGoCacheInfo(device C.int, largest *C.size_t) (rc C.int) {
 	rc = -1
 	defer catch("xseg_cache_info")
 	drainFrees()
 	return readInto("xseg_cache_info", "largest", device, largest, lib.cacheInfo, func(n uint64) C.size_t { return C.size_t(n) })
 }
 
-//export xseg_record_history
-func xseg_record_history(device C.int, maxEntries C.size_t) (rc C.int) {
+//export xsegGoRecordHistory
+func xsegGoRecordHistory(device C.int, maxEntries C.size_t) (rc C.int) {
 	rc = -1
 	defer catch("xseg_record_history")
 	drainFrees()
 	return status("xseg_record_history", lib.recordHistory(int(device), uint64(maxEntries)))
 }
 
-//export xseg_history_json
-func xseg_history_json(device C.int) (s *C.char) {
+//export xsegGoHistoryJSON
+func xsegGoHistoryJSON(device C.int) (s *C.char) {
 	defer catch("xseg_history_json")
 	drainFrees()
 	b, err := lib.historyJSON(int(device))

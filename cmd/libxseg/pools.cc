@@ -81,8 +81,11 @@ DeviceRoutes* routes_of(int device) {
 	return &g_routes[device];
 }
 
+// fail throws the failure of the calling thread's call that just failed:
+// xseg_thread_error, not xseg_last_error (another thread's failure may
+// have come since).
 [[noreturn]] void fail(const char* what) {
-	const char* e = xseg_last_error();
+	const char* e = xseg_thread_error();
 	throw std::runtime_error(std::string(what) + ": " + (e != nullptr ? e : "unknown error"));
 }
 

@@ -320,6 +320,36 @@ char* xseg_tags_json(int device) {
 	return xsegGoTagsJSON(device);
 }
 
+void xseg_set_memory_fraction(double fraction, int device) {
+	XSEG_FORK_GUARD();
+	xsegGoSetMemoryFraction(fraction, device);
+}
+
+int xseg_memory_fraction(int device, double* out) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoMemoryFraction(device, out);
+}
+
+int xseg_set_memory_limit(int device, unsigned long long bytes) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoSetMemoryLimit(device, bytes);
+}
+
+int xseg_cache_info(int device, size_t* largest) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoCacheInfo(device, largest);
+}
+
+int xseg_record_history(int device, size_t max_entries) {
+	XSEG_FORK_GUARD(-1);
+	return xsegGoRecordHistory(device, max_entries);
+}
+
+char* xseg_history_json(int device) {
+	XSEG_FORK_GUARD(NULL);
+	return xsegGoHistoryJSON(device);
+}
+
 const char* xseg_version(void) { return XSEG_VERSION; }
 
 const char* xseg_last_error(void) {

@@ -1015,6 +1015,17 @@ def test_forked_child_is_refused():
             except xseg.XsegError as e:
                 os.write(w, str(e).encode()[:4000])
                 code = 0
+            # The memory-limit and history functions refuse too (they
+            # called into Go and hung, or answered from the parent's state).
+            for call in (lambda: xseg.set_memory_fraction(0.5, 0), lambda: xseg.memory_fraction(0),
+                         lambda: xseg.cache_info(0), lambda: xseg.record_history(0, 16),
+                         lambda: xseg.history(0)):
+                try:
+                    call()
+                    code = 4
+                except xseg.XsegError as e:
+                    if "forked" not in str(e):
+                        code = 5
         finally:
             os._exit(code)
     os.close(w)

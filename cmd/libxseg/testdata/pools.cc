@@ -7,11 +7,14 @@
 // memory, and bad input throws. Usage: pools LIB. Prints "ok" or the failure.
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "xseg.h"
 
@@ -173,6 +176,29 @@ int main(int argc, char** argv) {
 	capturing = false;
 	end(0, A);
 	release(0, A);
+
+	// A hook's exception gives its own call's reason, whatever other
+	// threads fail meanwhile (the hooks threw xseg_last_error, the most
+	// recent failure of any thread).
+	auto empty_bad = sym<int (*)(int)>(h, "xseg_empty_cache");
+	std::atomic<bool> stop{false};
+	std::vector<std::thread> noisy;
+	for (int k = 0; k < 4; k++) {
+		noisy.emplace_back([&] {
+			while (!stop.load()) empty_bad(1000);
+		});
+	}
+	int foreign = 0;
+	std::string seen;
+	for (int i = 0; i < 5000; i++) {
+		e = throws([&] { release(0, {0, 77}); });
+		if (e.find("releasing pool (0, 77)") == std::string::npos) foreign++, seen = e;
+		e = throws([&] { end(0, {0, 77}); });
+		if (e.find("ending allocation to pool (0, 77)") == std::string::npos) foreign++, seen = e;
+	}
+	stop.store(true);
+	for (auto& n : noisy) n.join();
+	CHECK(foreign == 0, "%d of 10000 hook exceptions gave another thread's failure, as '%s'", foreign, seen.c_str());
 	std::printf("ok\n");
 	return 0;
 }
