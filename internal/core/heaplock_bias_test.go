@@ -228,3 +228,55 @@ func TestHeapLockBiasStress(t *testing.T) {
 		})
 	}
 }
+
+// TestHeapLockBiasHandoff: the bias passes between goroutines whose
+// owner is parked (blocked on a channel, not holding the lock) or has
+// exited, and new goroutines (which may reuse an exited one's g) take the
+// lock, biased or not, without deadlock; every acquisition is counted.
+func TestHeapLockBiasHandoff(t *testing.T) {
+	var l heapLock
+	bias := canBias(t)
+	n := 0 // guarded by l
+	run := func(k int) {
+		for range k {
+			l.Lock()
+			n++
+			l.Unlock()
+		}
+	}
+	park, resume, parked := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		run(needFirst + 1) // biased to this goroutine
+		close(parked)
+		<-park // parked, owning the bias
+		run(1) // revokes the bias the other goroutine took meanwhile
+		close(resume)
+	}()
+	<-parked
+	if bias {
+		require.NotNil(t, l.bias.Load())
+	}
+	run(4*needFirst + 1) // revokes the parked owner's bias, biases to this one
+	close(park)
+	<-resume
+	<-done
+	var wg sync.WaitGroup
+	for range 8 { // short-lived goroutines, some on exited ones' g
+		wg.Go(func() { run(needFirst + 3) })
+		wg.Wait()
+	}
+	for range 4 {
+		wg.Go(func() { run(3 * needFirst) })
+	}
+	wait(t, &wg)
+	l.Lock()
+	defer l.Unlock()
+	require.Equal(t, (needFirst+1)+(4*needFirst+1)+1+8*(needFirst+3)+4*3*needFirst, n)
+	if bias {
+		require.NotZero(t, l.revokes)
+		require.NotZero(t, l.biases)
+	}
+	require.Zero(t, atomic.LoadUint32(&l.revoke))
+}

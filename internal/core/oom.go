@@ -161,7 +161,7 @@ func wrapAlloc(req uint64, err error) error {
 }
 
 // waitForFreesLocked waits up to OOMWait for blocks freed by other
-// goroutines, retrying after each.
+// goroutines, retrying after each with the cache emptied.
 func (h *Heap) waitForFreesLocked(st *state, rs, req uint64) (*block, error) {
 	timer := time.NewTimer(h.cfg.OOMWait)
 	defer timer.Stop()
@@ -187,6 +187,16 @@ func (h *Heap) waitForFreesLocked(st *state, rs, req uint64) (*block, error) {
 		}
 		h.pollLocked()
 		b, err := h.findLocked(st, rs)
+		if retryable(err) && !h.capturingLocked() {
+			// The frees keep their memory where this allocation may not
+			// take it: free blocks of another stream or pool, whole free
+			// pages, the page cache. Give it back, as step 3 did before
+			// the wait, and look again.
+			if rerr := h.releaseAllLocked(); rerr != nil {
+				h.log.Warn("xseg: emptying the cache after an OOM", "err", rerr)
+			}
+			b, err = h.findLocked(st, rs)
+		}
 		if err == nil || timedOut || !retryable(err) {
 			return b, err
 		}
