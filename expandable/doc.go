@@ -5,17 +5,20 @@
 // # Overview
 //
 // The allocator serves one device. Requests are rounded up to 512 bytes
-// and sorted into two pools: small (up to Config.SmallLimit, 1 MiB by
-// default) and large. The default stream's pools each get one segment: an
+// and sorted into two pools: small (up to Config.SmallLimit; 0 by default,
+// so that every request is large; 1 MiB under ClassicConfig) and large.
+// The default stream's pools each get one segment: an
 // address range as large as the device's memory, reserved at first use
 // and never moved. Any other (stream, pool) reserves what it needs: at
 // least 1 GiB or 8 times the request, and a new segment twice the size of
 // its largest when one is full (internal/core decides), so a thousand
-// streams do not exhaust the address space. Physical pages (2 MiB for the small pool, 20 MiB for the
-// large pool by default; one driver handle each) are mapped into the
-// segment on demand, so a segment is a run of mapped pages with unmapped
-// holes, and the block core (package internal/core) tiles it with blocks in
-// address order: allocated, pending, free, or unmapped holes.
+// streams do not exhaust the address space. Physical pages (2 MiB in both
+// pools by default, 20 MiB in the large pool under ClassicConfig; one
+// driver handle each, or one for a chunk of several under
+// Config.ChunkBytes) are mapped into the segment on demand, so a segment
+// is a run of mapped pages with unmapped holes, and the block core
+// (package internal/core) tiles it with blocks in address order:
+// allocated, pending, free, or unmapped holes.
 //
 // An allocation looks, in order, at
 //

@@ -107,7 +107,8 @@ type Descriptor struct {
 	// the host backend).
 	DeviceUUID [16]byte
 	// PageSize is the size of every page, a multiple of MinPageSize (the
-	// allocator's large pages are 20 MiB: not a power of two).
+	// allocator's large pages are 20 MiB under ClassicConfig: not a power
+	// of two).
 	PageSize uint64
 	// PageCount is the number of handles: of allocations, each one page
 	// unless Spans says otherwise.

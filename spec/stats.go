@@ -50,7 +50,8 @@ type PoolStat struct {
 }
 
 // Pool names the pool of a block: requests up to the small-pool limit
-// (1 MiB by default) are small, the rest large.
+// (Config.SmallLimit: 0 by default, so every request is large; 1 MiB
+// under ClassicConfig) are small, the rest large.
 type Pool int
 
 const (

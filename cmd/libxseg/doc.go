@@ -7,8 +7,8 @@
 //	alloc = torch.cuda.memory.CUDAPluggableAllocator("libxseg.so", "xseg_malloc", "xseg_free")
 //	torch.cuda.memory.change_current_allocator(alloc)
 //
-// python/xseg_torch.py does that and more (stats, empty_cache, routing of
-// Tensor.record_stream). The C API is xseg.h in this folder; its functions
+// The Python package xseg (python/, install()) does that and more (stats,
+// empty_cache, routing of Tensor.record_stream). The C API is xseg.h in this folder; its functions
 // are defined in shim.c, each a call into a Go function of the same name
 // spelled xsegGo... that takes and returns integers only, so that no Go
 // frame ever holds a C pointer value (a stream handle of 0x1 or 0x2 would

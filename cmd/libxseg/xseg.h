@@ -41,7 +41,7 @@ typedef std::function<bool(cudaStream_t)> xseg_stream_filter;
 
 extern "C" {
 /* The hooks, to be given to PyTorch as function pointers
- * (python/xseg_torch.py does). begin retains pool id on device (making it
+ * (python/xseg's install() does). begin retains pool id on device (making it
  * if need be) and routes to it, until end, every allocation of device the
  * filter accepts; release drops one use of the pool, and the last gives its
  * memory back. Blocks of a pool go to nothing outside it. Each throws
