@@ -303,8 +303,11 @@ func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 			if invariantsOn {
 				h.checkLocked()
 			}
+			// Read under the lock: once it is given back, a Close may
+			// free the block and reuse its struct.
+			p := b.ptr
 			h.mu.heapLock.Unlock()
-			return b.ptr, nil
+			return p, nil
 		}
 	}
 	return h.allocHeld(size, rs, pool, s, true, PoolID{})
