@@ -71,19 +71,6 @@ func checkSnapshot(t *testing.T, snap spec.Snapshot) {
 	require.GreaterOrEqual(t, st.ReservedBytes.All.Current, st.AllocatedBytes.All.Current)
 }
 
-// waitGoroutines waits a little for the goroutines to fall back to n.
-func waitGoroutines(t *testing.T, n int) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for runtime.NumGoroutine() > n && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if g := runtime.NumGoroutine(); g > n {
-		buf := make([]byte, 1<<20)
-		t.Fatalf("%d goroutines, %d before:\n%s", g, n, buf[:runtime.Stack(buf, true)])
-	}
-}
-
 // mixRun is one stressed allocator: workers run ops ops each unless
 // Close comes first.
 type mixRun struct {
@@ -305,7 +292,7 @@ func stressMix(t *testing.T, cfg Config, capacity uint64, workers, ops int, clos
 		require.NoError(t, d.StreamDestroy(s))
 	}
 	require.Equal(t, u0, d.Usage(), "driver usage after Close")
-	waitGoroutines(t, g0)
+	vmmtest.WaitGoroutines(t, g0, 2*time.Second)
 }
 
 // TestStressMix: every call mixed from 8 goroutines on 4 streams (one of

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xseg-dev/xseg/handles"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 // countFDs counts this process's open descriptors.
@@ -40,10 +41,7 @@ func requireNoFDLeak(t *testing.T) {
 		}
 		require.NoError(t, err)
 		require.Equal(t, before, after, "fds leaked")
-		for runtime.NumGoroutine() > goroutines && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		require.LessOrEqual(t, runtime.NumGoroutine(), goroutines, "goroutines leaked")
+		vmmtest.WaitGoroutines(t, goroutines, time.Until(deadline))
 	})
 }
 

@@ -3,11 +3,13 @@ package vmmtest
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/xseg-dev/xseg/vmm"
 )
@@ -47,6 +49,21 @@ func CheckLeaks(t testing.TB, d vmm.Driver) {
 				len(leaked), len(before), len(after), strings.Join(leaked, "\n\t"))
 		}
 	})
+}
+
+// WaitGoroutines waits up to within for the process to be back to at most
+// n goroutines (goroutines a test started finish a moment after it has
+// its answer) and fails t, with every goroutine's stack, if it is not.
+func WaitGoroutines(t testing.TB, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for runtime.NumGoroutine() > n && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if g := runtime.NumGoroutine(); g > n {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("vmmtest: %d goroutines, at most %d expected (goroutines leaked):\n%s", g, n, buf[:runtime.Stack(buf, true)])
+	}
 }
 
 // fdTable maps each open fd to what it names ("/memfd:x (deleted)").

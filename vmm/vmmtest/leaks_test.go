@@ -4,8 +4,10 @@ package vmmtest_test
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -25,6 +27,9 @@ type recorder struct {
 func (r *recorder) Errorf(format string, args ...any) {
 	r.errs = append(r.errs, fmt.Sprintf(format, args...))
 }
+
+// Fatalf records, as Errorf: the helpers under test return after it.
+func (r *recorder) Fatalf(format string, args ...any) { r.Errorf(format, args...) }
 
 func (r *recorder) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
 
@@ -75,4 +80,25 @@ func TestCheckLeaksFD(t *testing.T) {
 	require.NoError(t, unix.Close(fd))
 	require.Contains(t, msg, fmt.Sprintf("fd %d -> ", fd))
 	require.Contains(t, msg, "1 file descriptors")
+}
+
+// TestWaitGoroutines: a goroutine that ends within the wait passes; one
+// still blocked fails, naming the count and showing its stack.
+func TestWaitGoroutines(t *testing.T) {
+	n := runtime.NumGoroutine()
+	done := make(chan struct{})
+	go func() { time.Sleep(20 * time.Millisecond); close(done) }()
+	r := &recorder{TB: t}
+	vmmtest.WaitGoroutines(r, n, 2*time.Second)
+	require.Empty(t, r.finish())
+	<-done
+
+	block := make(chan struct{})
+	go func() { <-block }()
+	r = &recorder{TB: t}
+	vmmtest.WaitGoroutines(r, n, 30*time.Millisecond)
+	msg := r.finish()
+	close(block)
+	require.Contains(t, msg, "goroutines leaked")
+	require.Contains(t, msg, "TestWaitGoroutines")
 }
