@@ -298,6 +298,13 @@ def test_discover_holdout_workloads(tmp_path, capsys):
     assert w["record"]["info"]["script"] == "holdout.py"
 
 
+def test_discover_second_holdout_workloads():
+    holdout2 = os.path.join(os.path.dirname(record_all.WORKLOADS_PY), "holdout2.py")
+    found = record_all.discover(holdout2)
+    assert [n for n, _ in found] == ["lora_finetune", "diffusion_sampling", "gnn_varsize"]
+    assert all(doc for _, doc in found)
+
+
 def test_clock():
     now = [100.0]
     c = record_all.Clock(budget=60, min_step=20, now=lambda: now[0])
