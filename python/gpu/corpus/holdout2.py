@@ -84,6 +84,25 @@ def lora_finetune(seed: int, device: str = "cuda", small: bool = False) -> Dict[
     return {"losses": losses[-2:], "shapes": shapes, "trainable": sum(p.numel() for p in params)}
 
 
+def ddim_request(model: nn.Module, alphas_bar: torch.Tensor, b: int, h: int, w: int, n: int,
+                 device: str) -> None:
+    """One sampling request: b images of h x w from noise in n DDIM steps,
+    each running the model on the batch doubled (classifier-free guidance,
+    scale 3). The caller holds inference mode and autocast."""
+    x = torch.randn(b, 3, h, w, device=device)
+    ts = torch.linspace(999, 0, n, device=device).long()
+    for i, t in enumerate(ts):
+        eps_both = model(torch.cat([x, x]), t.repeat(2 * b))
+        eps_u, eps_c = eps_both.chunk(2)
+        eps = (eps_u + 3.0 * (eps_c - eps_u)).float()
+        a = alphas_bar[t]
+        a_prev = alphas_bar[ts[i + 1]] if i + 1 < len(ts) else torch.ones((), device=device)
+        x0 = (x - (1 - a).sqrt() * eps) / a.sqrt()
+        x = a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps
+        del eps_both, eps_u, eps_c, eps, x0
+    del x, ts
+
+
 @workload
 def diffusion_sampling(seed: int, device: str = "cuda", small: bool = False) -> Dict[str, Any]:
     """Sampling from a DDPM-style UNet (workloads.py's, channels
@@ -107,19 +126,8 @@ def diffusion_sampling(seed: int, device: str = "cuda", small: bool = False) -> 
     with torch.inference_mode(), torch.autocast(dev_type, dtype=half):
         for _ in range(requests):
             b, (h, w), n = rng.randint(*batch), rng.choice(buckets), rng.randint(*steps)
-            x = torch.randn(b, 3, h, w, device=device)
-            ts = torch.linspace(999, 0, n, device=device).long()
-            for i, t in enumerate(ts):
-                eps_both = model(torch.cat([x, x]), t.repeat(2 * b))
-                eps_u, eps_c = eps_both.chunk(2)
-                eps = (eps_u + 3.0 * (eps_c - eps_u)).float()
-                a = alphas_bar[t]
-                a_prev = alphas_bar[ts[i + 1]] if i + 1 < len(ts) else torch.ones((), device=device)
-                x0 = (x - (1 - a).sqrt() * eps) / a.sqrt()
-                x = a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps
-                del eps_both, eps_u, eps_c, eps, x0
+            ddim_request(model, alphas_bar, b, h, w, n, device)
             seen.append((b, h, w, n))
-            del x, ts
     return {"requests": seen}
 
 
