@@ -59,6 +59,11 @@ func benchCached(b *testing.B, cfg Config) {
 	}
 	st := a.Stats()
 	require.Zero(b, st.NumAllocRetries)
+	// Whether the warm pairs took the lock's biased way: a slow run with
+	// no bias, or with revocations, is the lock's doing.
+	biases, revokes := a.heap.LockCounts()
+	b.ReportMetric(float64(biases), "biases")
+	b.ReportMetric(float64(revokes), "revokes")
 }
 
 // BenchmarkAllocFreeCachedParallel runs the pairs from GOMAXPROCS

@@ -256,3 +256,7 @@ func lazyChan(p *atomic.Pointer[chan struct{}]) chan struct{} {
 	}
 	return *p.Load()
 }
+
+// counts returns how many times the lock was biased and how many times a
+// bias was revoked; the caller holds the lock.
+func (l *heapLock) counts() (biases, revokes uint64) { return l.biases, l.revokes }

@@ -280,3 +280,32 @@ func TestHeapLockBiasHandoff(t *testing.T) {
 	}
 	require.Zero(t, atomic.LoadUint32(&l.revoke))
 }
+
+// TestHeapLockCounts: Heap.LockCounts tells a biased lock from one taken
+// back. One goroutine takes a Heap's lock needFirst times and biases it;
+// another goroutine's Lock revokes the bias.
+func TestHeapLockCounts(t *testing.T) {
+	var h Heap
+	biases, revokes := h.LockCounts()
+	require.Zero(t, biases)
+	require.Zero(t, revokes)
+	if !canBias(t) {
+		lockRun(&h.mu.heapLock, 2*needFirst)
+		biases, revokes = h.LockCounts()
+		require.Zero(t, biases)
+		require.Zero(t, revokes)
+		return
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	lockRun(&h.mu.heapLock, needFirst)
+	biases, revokes = h.LockCounts() // taken the biased way
+	require.Equal(t, uint64(1), biases)
+	require.Zero(t, revokes)
+	done := make(chan [2]uint64)
+	go func() {
+		b, r := h.LockCounts()
+		done <- [2]uint64{b, r}
+	}()
+	require.Equal(t, [2]uint64{1, 1}, <-done)
+}
