@@ -18,6 +18,7 @@ equal (floats within the program's tolerance: 0 unless an autotuner may
 pick other kernels). None of them was written for xseg: they are the
 checks a user's own script would make."""
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -359,6 +360,69 @@ def hf_generate_kv_cache(torch):
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
                              pad_token_id=0)
     return {"tokens": out.tolist()}
+
+
+def tiny_llama(torch):
+    import transformers
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                                   num_attention_heads=8, num_key_value_heads=4, vocab_size=1000,
+                                   max_position_embeddings=512)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).cuda().eval()
+
+
+def static_cache_requests(torch, model):
+    """Greedy generation with a static KV cache (preallocated to its full
+    length, as the recipe for compiled decoding has it), three requests of
+    other batch and prompt sizes."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    out = []
+    for b, n, new in ((2, 19, 16), (3, 7, 24), (2, 33, 8)):
+        ids = torch.randint(0, 1000, (b, n), device="cuda", generator=g)
+        with torch.inference_mode():
+            r = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                               pad_token_id=0, cache_implementation="static")
+        out.append(r.tolist())
+    return out
+
+
+@program()
+def hf_static_cache_generate(torch):
+    # With a static cache, transformers' generate compiles the decoding
+    # step itself (torch.compile; "compiled" says whether Dynamo made any
+    # graph), so this is also compiled decoding from a preallocated cache.
+    if importlib.util.find_spec("transformers") is None:
+        return {"skipped": "no transformers"}
+    from torch._dynamo.utils import counters
+    graphs = counters["stats"]["unique_graphs"]
+    tokens = static_cache_requests(torch, tiny_llama(torch))
+    return {"tokens": tokens, "compiled": counters["stats"]["unique_graphs"] > graphs}
+
+
+@program()
+def mempool_dropped_while_its_tensors_live(torch):
+    # A MemPool object deleted while tensors made in it are alive: the
+    # tensors stay valid, later allocations outside it work, and freeing
+    # the tensors gives the memory back.
+    import gc
+    base = torch.cuda.memory_allocated()
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        a = torch.full((1 << 18,), 3.0, device="cuda")
+        b = torch.full((5 << 18,), 1.0, device="cuda")
+    del pool
+    gc.collect()
+    c = torch.full((3 << 18,), 2.0, device="cuda")
+    a.add_(1)
+    s = (a.sum() + b.sum() + c.sum()).item()
+    del a, b, c
+    gc.collect()
+    torch.cuda.synchronize()
+    back = torch.cuda.memory_allocated() == base
+    torch.cuda.empty_cache()
+    d = torch.ones(9 << 18, device="cuda")
+    return {"sum": s, "allocated_back_to_base": back, "after": d.sum().item()}
 
 
 @program(tol=1e-5)
