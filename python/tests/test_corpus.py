@@ -305,6 +305,13 @@ def test_discover_second_holdout_workloads():
     assert all(doc for _, doc in found)
 
 
+def test_discover_third_holdout_workloads():
+    holdout3 = os.path.join(os.path.dirname(record_all.WORKLOADS_PY), "holdout3.py")
+    found = record_all.discover(holdout3)
+    assert [n for n, _ in found] == ["vit_varres_train", "assisted_generation", "clip_contrastive"]
+    assert all(doc for _, doc in found)
+
+
 def test_clock():
     now = [100.0]
     c = record_all.Clock(budget=60, min_step=20, now=lambda: now[0])
