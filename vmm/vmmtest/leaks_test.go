@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -85,20 +86,38 @@ func TestCheckLeaksFD(t *testing.T) {
 // TestWaitGoroutines: a goroutine that ends within the wait passes; one
 // still blocked fails, naming the count and showing its stack.
 func TestWaitGoroutines(t *testing.T) {
-	n := runtime.NumGoroutine()
-	done := make(chan struct{})
-	go func() { time.Sleep(20 * time.Millisecond); close(done) }()
+	n := settledGoroutines(t)
+	var wg sync.WaitGroup
+	wg.Go(func() { time.Sleep(20 * time.Millisecond) })
 	r := &recorder{TB: t}
 	vmmtest.WaitGoroutines(r, n, 2*time.Second)
 	require.Empty(t, r.finish())
-	<-done
+	wg.Wait()
 
 	block := make(chan struct{})
-	go func() { <-block }()
+	wg.Go(func() { <-block })
 	r = &recorder{TB: t}
 	vmmtest.WaitGoroutines(r, n, 30*time.Millisecond)
 	msg := r.finish()
 	close(block)
+	wg.Wait() // gone before the next test (or -count run) counts
 	require.Contains(t, msg, "goroutines leaked")
 	require.Contains(t, msg, "TestWaitGoroutines")
+}
+
+// settledGoroutines waits until the goroutines earlier tests left are
+// gone (the count has not changed for 50 ms, or 2 s have passed) and
+// returns the count: a baseline taken while one of them is still
+// finishing would hide a goroutine the test starts.
+func settledGoroutines(t *testing.T) int {
+	t.Helper()
+	n, since := runtime.NumGoroutine(), time.Now()
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if g := runtime.NumGoroutine(); g != n {
+			n, since = g, time.Now()
+		} else if time.Since(since) >= 50*time.Millisecond {
+			break
+		}
+	}
+	return n
 }
