@@ -12,8 +12,8 @@ import (
 // benchSizes are the request sizes the cached benchmarks cycle through,
 // 512 B to 100 MiB. An array, so that len(benchSizes) is a constant and
 // the loops' i%len(benchSizes) compiles to a mask: with a slice it was a
-// 64-bit IDIV a pair, which costs 15 to 35 ns on older Intel server cores
-// and is no part of the allocator's cost.
+// 64-bit division a pair, no part of the allocator's cost (it was not
+// what made some GPU machines' pairs slow: bench/RESULTS.md round 36).
 var benchSizes = [...]uint64{512, 4 << 10, 100 << 10, 1 << 20, 3 << 20, 10 << 20, 37 << 20, 100 << 20}
 
 // warm leaves one free block of each of benchSizes in the cache, each

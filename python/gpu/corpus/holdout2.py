@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 # workload registers in workloads.py's table, which main runs from;
 # record_all.py finds this file's workloads by that decorator's name.
-from workloads import UNet, build, main, seeded, workload
+from workloads import UNet, build, main, padded_mask, seeded, workload
 
 
 class LoRALinear(nn.Module):
@@ -69,10 +69,7 @@ def lora_finetune(seed: int, device: str = "cuda", small: bool = False) -> Dict[
     for _ in range(steps):
         b, t = rng.randint(*batch), rng.randint(*length)
         ids = torch.randint(0, cfg.vocab_size, (b, t), generator=gen)
-        mask = torch.ones(b, t, dtype=torch.long)
-        for row in range(b):
-            keep = rng.randint(t // 4 + 1, t)
-            mask[row, keep:] = 0
+        mask = padded_mask(rng, b, t, t // 4 + 1)
         labels = ids.masked_fill(mask == 0, -100)
         out = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device))
         out.loss.backward()

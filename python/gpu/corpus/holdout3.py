@@ -20,7 +20,7 @@ import torch
 
 # workload registers in workloads.py's table, which main runs from;
 # record_all.py finds this file's workloads by that decorator's name.
-from workloads import build, main, seeded, workload
+from workloads import build, main, padded_mask, seeded, workload
 
 
 def autocast_for(device: str) -> Any:
@@ -133,10 +133,7 @@ def clip_contrastive(seed: int, device: str = "cuda", small: bool = False) -> Di
     for _ in range(steps):
         b, t = rng.randint(*batch), rng.randint(*length)
         ids = torch.randint(0, vocab, (b, t), device=device)
-        mask = torch.ones(b, t, dtype=torch.long)
-        for row in range(b):
-            mask[row, rng.randint(1, t):] = 0
-        mask = mask.to(device)
+        mask = padded_mask(rng, b, t, 1).to(device)
         pixels = torch.randn(b, 3, side, side, device=device)
         with autocast_for(device):
             out = model(input_ids=ids, attention_mask=mask, pixel_values=pixels, return_loss=True)

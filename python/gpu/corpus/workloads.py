@@ -59,6 +59,15 @@ def build(cls: Any, config: Any, dtype: torch.dtype, device: str) -> nn.Module:
     return model
 
 
+def padded_mask(rng: random.Random, b: int, t: int, shortest: int) -> torch.Tensor:
+    """An attention mask (on the CPU) for b rows of t tokens, each row
+    padded on the right after a random length of shortest to t tokens."""
+    mask = torch.ones(b, t, dtype=torch.long)
+    for row in range(b):
+        mask[row, rng.randint(shortest, t):] = 0
+    return mask
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
     """Scaled dot-product attention (PyTorch's fused kernels where there are
     any; by hand on an old CPU-only torch, for --small)."""
