@@ -298,17 +298,14 @@ def test_discover_holdout_workloads(tmp_path, capsys):
     assert w["record"]["info"]["script"] == "holdout.py"
 
 
-def test_discover_second_holdout_workloads():
-    holdout2 = os.path.join(os.path.dirname(record_all.WORKLOADS_PY), "holdout2.py")
-    found = record_all.discover(holdout2)
-    assert [n for n, _ in found] == ["lora_finetune", "diffusion_sampling", "gnn_varsize"]
-    assert all(doc for _, doc in found)
-
-
-def test_discover_third_holdout_workloads():
-    holdout3 = os.path.join(os.path.dirname(record_all.WORKLOADS_PY), "holdout3.py")
-    found = record_all.discover(holdout3)
-    assert [n for n, _ in found] == ["vit_varres_train", "assisted_generation", "clip_contrastive"]
+@pytest.mark.parametrize("script, names", [
+    ("holdout2.py", ["lora_finetune", "diffusion_sampling", "gnn_varsize"]),
+    ("holdout3.py", ["vit_varres_train", "assisted_generation", "clip_contrastive"]),
+    ("holdout4.py", ["recsys_sparse", "speech_lstm_ctc", "ppo_rollout"]),
+])
+def test_discover_later_holdout_workloads(script, names):
+    found = record_all.discover(os.path.join(os.path.dirname(record_all.WORKLOADS_PY), script))
+    assert [n for n, _ in found] == names
     assert all(doc for _, doc in found)
 
 
