@@ -38,6 +38,9 @@ type fixture struct {
 	t *testing.T
 	d vmm.Driver
 	a xseg.Allocator
+	// open makes another allocator over d, closed (and checked empty)
+	// when the subtest ends, before the suite's checks of d.
+	open func() xseg.Allocator
 }
 
 // Run runs the suite.
@@ -52,6 +55,7 @@ func Run(t *testing.T, c Config) {
 		{"EmptyCacheReturnsPages", testEmptyCache},
 		{"StreamOrderedReuse", testStreamOrderedReuse},
 		{"Concurrent", testConcurrent},
+		{"TwoAllocatorsAtOnce", testTwoAllocators},
 		{"AllocAtMost", testAllocAtMost},
 		{"OutOfMemory", testOutOfMemory},
 		{"CloseReleasesAll", testClose},
@@ -70,7 +74,12 @@ func Run(t *testing.T, c Config) {
 				require.Zero(t, u.Events, "events left after Close: %v", u)
 				require.NoError(t, d.Close())
 			})
-			tc.fn(&fixture{t: t, d: d, a: a})
+			open := func() xseg.Allocator {
+				b := c.Open(t, d)
+				t.Cleanup(func() { require.NoError(t, b.Close()) })
+				return b
+			}
+			tc.fn(&fixture{t: t, d: d, a: a, open: open})
 		})
 	}
 }
@@ -293,6 +302,102 @@ func testConcurrent(f *fixture) {
 		f.t.Fatal(err)
 	}
 	require.Zero(f.t, f.a.Stats().AllocatedBytes.All.Current)
+}
+
+// testTwoAllocators runs two allocators over one driver, each from two
+// goroutines at once, as two libraries of one process might: blocks grow,
+// are freed and given back (EmptyCache) in both, so that one maps pages
+// while the other unmaps its own. No block of either may change under the
+// other, and each ends with nothing allocated.
+func testTwoAllocators(f *fixture) {
+	allocs := []xseg.Allocator{f.a, f.open()}
+	big := []uint64{4096, 1<<20 + 1, 3 << 20, 21<<20 + 5, 64 << 20}
+	const perAlloc, iters = 2, 60
+	var wg sync.WaitGroup
+	errs := make(chan error, len(allocs)*perAlloc)
+	for ai, a := range allocs {
+		for g := 0; g < perAlloc; g++ {
+			wg.Add(1)
+			go func(id int, a xseg.Allocator) {
+				defer wg.Done()
+				errs <- twoAllocWorker(f.d, a, id, big, iters)
+			}(ai*perAlloc+g, a)
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(f.t, err)
+	}
+	for i, a := range allocs {
+		st := a.Stats()
+		require.Zero(f.t, st.AllocatedBytes.All.Current, "allocator %d", i)
+		require.NoError(f.t, a.EmptyCache())
+		require.Zero(f.t, a.Stats().ReservedBytes.All.Current, "allocator %d after EmptyCache", i)
+	}
+}
+
+// twoAllocWorker allocates, tags, checks and frees blocks of sizes on a,
+// emptying a's cache now and then; worker id's tags are its own.
+func twoAllocWorker(d vmm.Driver, a xseg.Allocator, id int, sizes []uint64, iters int) error {
+	r := rand.New(rand.NewPCG(uint64(id), 11))
+	type held struct {
+		p    vmm.DevicePtr
+		size uint64
+		tag  []byte
+	}
+	var mine []held
+	check := func(h held) error {
+		for _, off := range edges(h.size) {
+			got := make([]byte, len(h.tag))
+			if err := d.CopyDtoH(got, h.p.Add(off)); err != nil {
+				return err
+			}
+			if !bytes.Equal(got, h.tag) {
+				return fmt.Errorf("worker %d: block %v+%d of %d bytes changed: %x, want %x", id, h.p, off, h.size, got, h.tag)
+			}
+		}
+		return nil
+	}
+	for i := 0; i < iters; i++ {
+		switch {
+		case i%15 == 14:
+			if err := a.EmptyCache(); err != nil {
+				return fmt.Errorf("worker %d: EmptyCache: %w", id, err)
+			}
+		case len(mine) > 0 && r.IntN(3) == 0:
+			k := r.IntN(len(mine))
+			if err := check(mine[k]); err != nil {
+				return err
+			}
+			if err := a.Free(mine[k].p); err != nil {
+				return err
+			}
+			mine = append(mine[:k], mine[k+1:]...)
+		default:
+			size := sizes[r.IntN(len(sizes))]
+			p, err := a.Alloc(size, 0)
+			if err != nil {
+				return fmt.Errorf("worker %d: Alloc(%d): %w", id, size, err)
+			}
+			h := held{p, size, []byte{byte(id), byte(i), 0x5a, byte(i >> 8)}}
+			for _, off := range edges(size) {
+				if err := d.CopyHtoD(p.Add(off), h.tag); err != nil {
+					return err
+				}
+			}
+			mine = append(mine, h)
+		}
+	}
+	for _, h := range mine {
+		if err := check(h); err != nil {
+			return err
+		}
+		if err := a.Free(h.p); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func testAllocAtMost(f *fixture) {
