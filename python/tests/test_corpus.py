@@ -302,6 +302,7 @@ def test_discover_holdout_workloads(tmp_path, capsys):
     ("holdout2.py", ["lora_finetune", "diffusion_sampling", "gnn_varsize"]),
     ("holdout3.py", ["vit_varres_train", "assisted_generation", "clip_contrastive"]),
     ("holdout4.py", ["recsys_sparse", "speech_lstm_ctc", "ppo_rollout"]),
+    ("holdout5.py", ["compiled_lm_train", "gan_train", "retrieval_topk"]),
 ])
 def test_discover_later_holdout_workloads(script, names):
     found = record_all.discover(os.path.join(os.path.dirname(record_all.WORKLOADS_PY), script))

@@ -351,8 +351,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, d: int, layers: int, heads: int, seq: int) -> None:
+    """A GPT of Blocks, each checkpointed unless checkpointed is False."""
+
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, seq: int, checkpointed: bool = True) -> None:
         super().__init__()
+        self.checkpointed = checkpointed
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(seq, d)
         self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
@@ -364,7 +367,7 @@ class GPT(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
         for blk in self.blocks:
-            x = checkpoint(blk, x, use_reentrant=False)
+            x = checkpoint(blk, x, use_reentrant=False) if self.checkpointed else blk(x)
         return self.head(self.ln(x))
 
 
