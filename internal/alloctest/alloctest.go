@@ -38,8 +38,8 @@ type fixture struct {
 	t *testing.T
 	d vmm.Driver
 	a xseg.Allocator
-	// open makes another allocator over d, closed (and checked empty)
-	// when the subtest ends, before the suite's checks of d.
+	// open makes another allocator over d, closed when the subtest
+	// ends, before the suite checks that d holds nothing.
 	open func() xseg.Allocator
 }
 
