@@ -73,6 +73,35 @@ def dcgan(nz: int, ch: int) -> tuple:
     return g, d
 
 
+def gan_step(g: nn.Module, d: nn.Module, opt_g: Any, opt_d: Any, b: int, nz: int, device: str) -> float:
+    """One step of gan_train at batch b: a discriminator update on real and
+    detached fake images, then a generator update through the
+    discriminator. It returns the generator's loss."""
+    real = torch.rand(b, 3, 64, 64, device=device) * 2 - 1
+    fake = g(torch.randn(b, nz, 1, 1, device=device))
+    ones, zeros = torch.ones(b, device=device), torch.zeros(b, device=device)
+    loss_d = (F.binary_cross_entropy_with_logits(d(real).view(-1), ones)
+              + F.binary_cross_entropy_with_logits(d(fake.detach()).view(-1), zeros))
+    loss_d.backward()
+    opt_d.step()
+    opt_d.zero_grad(set_to_none=True)
+    loss_g = F.binary_cross_entropy_with_logits(d(fake).view(-1), ones)
+    loss_g.backward()
+    opt_g.step()
+    opt_g.zero_grad(set_to_none=True)
+    opt_d.zero_grad(set_to_none=True)  # the generator's backward went through d
+    return loss_g.item()
+
+
+def gan_setup(nz: int, ch: int, device: str) -> tuple:
+    """gan_train's models and optimizers: (g, d, opt_g, opt_d)."""
+    g, d = dcgan(nz, ch)
+    g, d = g.to(device), d.to(device)
+    opt_g = torch.optim.Adam(g.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(d.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    return g, d, opt_g, opt_d
+
+
 @workload
 def gan_train(seed: int, device: str = "cuda", small: bool = False) -> Dict[str, Any]:
     """A DCGAN (64 x 64 images, width 128; fp32, Adam) trained for 40
@@ -85,28 +114,8 @@ def gan_train(seed: int, device: str = "cuda", small: bool = False) -> Dict[str,
         ch, batch, steps = 4, (2, 4), 2
     else:
         ch, batch, steps = 128, (32, 512), 40
-    g, d = dcgan(nz, ch)
-    g, d = g.to(device), d.to(device)
-    opt_g = torch.optim.Adam(g.parameters(), lr=2e-4, betas=(0.5, 0.999))
-    opt_d = torch.optim.Adam(d.parameters(), lr=2e-4, betas=(0.5, 0.999))
-    losses: List[float] = []
-    for _ in range(steps):
-        b = rng.randint(*batch)
-        real = torch.rand(b, 3, 64, 64, device=device) * 2 - 1
-        fake = g(torch.randn(b, nz, 1, 1, device=device))
-        ones, zeros = torch.ones(b, device=device), torch.zeros(b, device=device)
-        loss_d = (F.binary_cross_entropy_with_logits(d(real).view(-1), ones)
-                  + F.binary_cross_entropy_with_logits(d(fake.detach()).view(-1), zeros))
-        loss_d.backward()
-        opt_d.step()
-        opt_d.zero_grad(set_to_none=True)
-        loss_g = F.binary_cross_entropy_with_logits(d(fake).view(-1), ones)
-        loss_g.backward()
-        opt_g.step()
-        opt_g.zero_grad(set_to_none=True)
-        opt_d.zero_grad(set_to_none=True)  # the generator's backward went through d
-        losses.append(loss_g.item())
-        del real, fake, loss_d, loss_g
+    g, d, opt_g, opt_d = gan_setup(nz, ch, device)
+    losses = [gan_step(g, d, opt_g, opt_d, rng.randint(*batch), nz, device) for _ in range(steps)]
     return {"losses": losses[-2:]}
 
 
