@@ -23,6 +23,11 @@ func DefaultConfig() Config { return spec.DefaultConfig() }
 // large pages, no recycling.
 func ClassicConfig() Config { return spec.ClassicConfig() }
 
+// SteadyConfig returns the page policy for loops that make the same
+// allocations every step (see spec.SteadyConfig): 2 MiB pages mapped
+// where first needed and never moved, no chunks, no page cache.
+func SteadyConfig() Config { return spec.SteadyConfig() }
+
 // ParseConfig applies s, in the XSEG_CONF syntax "key:value,key:value", to
 // base (see spec.ParseConfig for the keys). Unknown keys and bad values
 // are errors that name the key.

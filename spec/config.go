@@ -171,6 +171,34 @@ func ClassicConfig() Config {
 func (c *Config) classic() {
 	c.SmallPageSize, c.LargePageSize, c.SmallLimit = 2*MiB, 20*MiB, 1*MiB
 	c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes, c.SizeClasses = false, 0, 0, false
+	c.PageCacheBytes = DefaultConfig().PageCacheBytes
+}
+
+// SteadyConfig returns the page policy for a loop that makes the same
+// allocations every step (a training loop at a fixed batch size) and
+// whose steps are short beside a page's move: one pool of 2 MiB pages a
+// stream, as DefaultConfig, but pages are mapped where the heap first
+// needs them and stay there: no recycling, no chunks, no page cache, so a
+// growth never unmaps a free page elsewhere. Whole free pages go back to
+// the driver only on EmptyCache, above a release threshold and when an
+// allocation runs out of memory. The default's tight layout can need page
+// moves in every step of such a loop, forever (a GAN at a fixed batch
+// size: about 190 maps a step and 40 to 50 % of its time on an H100,
+// bench/RESULTS.md round 38); this one maps in the first steps only and
+// holds what the loop's layout needs, more than the default's (1.01 to
+// 1.35 times peak live bytes on made-up loops, TestSteadyPolicy). The
+// rest as DefaultConfig; XSEG_CONF's "policy:steady" selects it.
+func SteadyConfig() Config {
+	c := DefaultConfig()
+	c.steady()
+	return c
+}
+
+// steady sets the page policy's fields to SteadyConfig's.
+func (c *Config) steady() {
+	c.SmallPageSize, c.LargePageSize, c.SmallLimit = 2*MiB, 2*MiB, 0
+	c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes, c.SizeClasses = false, 0, 0, false
+	c.PageCacheBytes = 0
 }
 
 // Validate checks the values that do not depend on the device.
@@ -224,18 +252,21 @@ var configKeys = map[string]func(c *Config, v string) error{
 }
 
 // setPolicy sets the page policy's fields (page sizes, small limit,
-// recycling, chunks) to ClassicConfig's or DefaultConfig's; keys after it
-// change them further.
+// recycling, chunks, page cache) to ClassicConfig's, SteadyConfig's or
+// DefaultConfig's; keys after it change them further.
 func setPolicy(c *Config, v string) error {
 	switch v {
 	case "classic":
 		c.classic()
+	case "steady":
+		c.steady()
 	case "default":
 		d := DefaultConfig()
 		c.SmallPageSize, c.LargePageSize, c.SmallLimit = d.SmallPageSize, d.LargePageSize, d.SmallLimit
 		c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes, c.SizeClasses = d.RecyclePages, d.ChunkBytes, d.ChunkMinBytes, d.SizeClasses
+		c.PageCacheBytes = d.PageCacheBytes
 	default:
-		return fmt.Errorf("not a policy (classic or default): %s", quote(v))
+		return fmt.Errorf("not a policy (classic, steady or default): %s", quote(v))
 	}
 	return nil
 }
@@ -342,6 +373,7 @@ func setFactor(c *Config, v string) error {
 //	chunk_min_mb                   ChunkMinBytes (MiB)
 //	policy                         "classic": the page policy of
 //	                               ClassicConfig (before the keys after it);
+//	                               "steady": SteadyConfig's;
 //	                               "default": DefaultConfig's
 //
 // and the seed allocator's names OOM_MAX_RETRIES, OOM_DELAY_MS,

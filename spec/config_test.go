@@ -35,7 +35,29 @@ func TestParseConfigPolicy(t *testing.T) {
 	want = DefaultConfig()
 	want.LargePageSize = 4 * MiB
 	require.Equal(t, want, c)
-	for _, bad := range []string{"policy:", "policy:tight", "policy:Classic", "policy:1"} {
+	// steady: the default's pages, nothing moved or cached; a policy
+	// sets the page cache too, so each undoes the others whole.
+	st := SteadyConfig()
+	require.NoError(t, st.Validate())
+	require.False(t, st.RecyclePages)
+	require.Zero(t, st.ChunkBytes)
+	require.Zero(t, st.PageCacheBytes)
+	require.Equal(t, DefaultConfig().LargePageSize, st.LargePageSize)
+	require.Equal(t, DefaultConfig().SmallLimit, st.SmallLimit)
+	for conf, want := range map[string]Config{
+		"page_cache_mb:64,policy:steady": st,
+		"policy:steady,policy:default":   DefaultConfig(),
+		"policy:steady,policy:classic":   ClassicConfig(),
+		"policy:classic,policy:steady":   st,
+	} {
+		c, err := ParseConfig(DefaultConfig(), conf)
+		require.NoError(t, err, conf)
+		require.Equal(t, want, c, conf)
+	}
+	c, err = ParseConfig(DefaultConfig(), "policy:steady,page_cache_mb:32")
+	require.NoError(t, err)
+	require.Equal(t, uint64(32*MiB), c.PageCacheBytes)
+	for _, bad := range []string{"policy:", "policy:tight", "policy:Classic", "policy:1", "policy:Steady"} {
 		_, err := ParseConfig(DefaultConfig(), bad)
 		require.ErrorContains(t, err, "not a policy", bad)
 	}
