@@ -183,11 +183,15 @@ func (c *Config) classic() {
 // the driver only on EmptyCache, above a release threshold and when an
 // allocation runs out of memory. The default's tight layout can need page
 // moves in every step of such a loop, forever (a GAN at a fixed batch
-// size: about 190 maps a step and 40 to 50 % of its time on an H100,
-// bench/RESULTS.md round 38); this one maps in the first steps only and
-// holds what the loop's layout needs, more than the default's (1.01 to
-// 1.35 times peak live bytes on made-up loops, TestSteadyPolicy). The
-// rest as DefaultConfig; XSEG_CONF's "policy:steady" selects it.
+// size: about 190 maps a step, 23 to 67 % slower than PyTorch's
+// allocator on an H100, bench/RESULTS.md round 38); this one maps in the
+// first steps only and holds what the loop's layout needs, more than the
+// default's (1.01 to 1.35 times peak live bytes on made-up loops,
+// TestSteadyPolicy; about what PyTorch's expandable segments hold on the
+// recorded traces). With no chunks, a first step that maps gigabytes
+// makes its pages one by one (GPT-2 small's: 1.75 to 1.87 times
+// PyTorch's). The rest as DefaultConfig; XSEG_CONF's "policy:steady"
+// selects it.
 func SteadyConfig() Config {
 	c := DefaultConfig()
 	c.steady()
