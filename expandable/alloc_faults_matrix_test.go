@@ -101,8 +101,19 @@ func TestFaultMatrix(t *testing.T) {
 	chunksThreshold.ReleaseThreshold = 1 << 20
 	chunksRecycle := recycle
 	chunksRecycle.ChunkBytes = 8 * mib
+	steady := SteadyConfig() // nothing stolen: a growth makes pages; only the OOM policy unmaps
+	steady.OOMMaxRetries = 0
 	var held []vmm.DevicePtr
 	scenarios := []vmmtest.Scenario{
+		allocScenario("steady-grow", steady, freeFirstOf(&held, 40*mib, 2*mib),
+			func(a *Allocator) error { _, err := a.Alloc(60*mib, 0); return err },
+			func(a *Allocator) error { return allocFree(a, 60*mib) }),
+		// Two free blocks of 150 MiB mapped, 4 live, 220 asked of 512:
+		// the growth runs out, the OOM policy unmaps the free pages (each
+		// unmap and release failing in turn) and the growth is tried again.
+		allocScenario("steady-oom-release", steady, freeHalves,
+			func(a *Allocator) error { _, err := a.Alloc(220*mib, 0); return err },
+			func(a *Allocator) error { return allocFree(a, 220*mib) }),
 		allocScenario("chunks-alloc", chunks, none,
 			func(a *Allocator) error { _, err := a.Alloc(50*mib, 0); return err },
 			func(a *Allocator) error { return allocFree(a, 50*mib) }),

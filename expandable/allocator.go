@@ -143,3 +143,8 @@ func DefaultConfig() Config { return core.DefaultConfig() }
 // ClassicConfig returns core.ClassicConfig: 2 MiB small pages for requests
 // up to 1 MiB, 20 MiB large pages, no recycling.
 func ClassicConfig() Config { return core.ClassicConfig() }
+
+// SteadyConfig is the page policy for loops that allocate the same every
+// step (spec.SteadyConfig): 2 MiB pages never moved, no chunks, no page
+// cache.
+func SteadyConfig() Config { return core.SteadyConfig() }

@@ -120,11 +120,12 @@ func drive(t testing.TB, a *Allocator, streams []vmm.Stream, ops []byte) *model 
 
 // fuzzPolicies are the configurations FuzzAllocator runs each input
 // under: the classic policy, the default (2 MiB pages recycled on growth,
-// chunks past the chunk mark) and the default with size classes.
+// chunks past the chunk mark), the default with size classes, and the
+// steady policy (2 MiB pages never moved).
 func fuzzPolicies() map[string]Config {
 	classes := DefaultConfig()
 	classes.SizeClasses = true
-	return map[string]Config{"classic": ClassicConfig(), "default": DefaultConfig(), "size_classes": classes}
+	return map[string]Config{"classic": ClassicConfig(), "default": DefaultConfig(), "size_classes": classes, "steady": SteadyConfig()}
 }
 
 // FuzzAllocator drives an allocator with the operations the input says,

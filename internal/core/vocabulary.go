@@ -51,3 +51,6 @@ func DefaultConfig() Config { return spec.DefaultConfig() }
 
 // ClassicConfig is spec.ClassicConfig.
 func ClassicConfig() Config { return spec.ClassicConfig() }
+
+// SteadyConfig is spec.SteadyConfig.
+func SteadyConfig() Config { return spec.SteadyConfig() }

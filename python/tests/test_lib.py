@@ -510,6 +510,37 @@ def test_configure_errors_and_success(run_py):
     assert out["late"].startswith("XsegError: "), f"configure after the first allocation: {out['late']}"
 
 
+@pytest.mark.parametrize("conf,moves", [("policy:steady", False), ("", True)])
+def test_policy_steady_leaves_free_pages_in_place(run_py, conf, moves):
+    # A growth past a freed block: the default moves its pages to where the
+    # heap grows, policy:steady makes new ones and leaves them mapped.
+    proc = run_py("""
+        p, q = xseg.malloc(40 * MiB), xseg.malloc(2 * MiB)
+        xseg.free(p)
+        r = xseg.malloc(60 * MiB)
+        out = {k: stats()[k] for k in ("num_unmaps", "reserved_bytes.all.current")}
+        xseg.free(q)
+        xseg.free(r)
+        print(json.dumps(out))
+    """, env={"XSEG_CONF": conf})
+    out = last_json(proc)
+    assert (out["num_unmaps"] > 0) == moves, out
+    if not moves:
+        assert out["reserved_bytes.all.current"] == 102 * MiB, out
+
+
+def test_unknown_policy_is_refused(run_py):
+    proc = run_py("""
+        try:
+            xseg.configure("policy:Steady")
+            print(json.dumps("accepted"))
+        except ValueError as e:
+            print(json.dumps(str(e)))
+    """)
+    out = last_json(proc)
+    assert "not a policy" in out and "steady" in out, out
+
+
 def test_bad_XSEG_CONF_fails_the_first_allocation(run_py):
     proc = run_py("""
         try:

@@ -1,0 +1,67 @@
+package expandable
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestSteadyNeverSteals: under SteadyConfig a growth makes pages and
+// leaves the free pages elsewhere mapped, where the default would move
+// them; only an allocation that runs out of memory unmaps them (the OOM
+// policy), and then succeeds.
+func TestSteadyNeverSteals(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		cfg    Config
+		unmaps bool
+	}{{"steady", SteadyConfig(), false}, {"default", DefaultConfig(), true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := hostOpen(512 * mib)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, d.Close()) }()
+			a, err := New(d, 0, tc.cfg, nil)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, a.Close()) }()
+			held, err := alloc(a, 40*mib, 2*mib)
+			require.NoError(t, err)
+			require.NoError(t, a.Free(held[0]))
+			p, err := a.Alloc(60*mib, 0)
+			require.NoError(t, err)
+			st := a.Stats()
+			require.Equal(t, tc.unmaps, st.Unmaps > 0, "unmaps %d", st.Unmaps)
+			if !tc.unmaps {
+				require.EqualValues(t, 102*mib, st.ReservedBytes.All.Current, "the 40 MiB freed stay mapped")
+			}
+			require.NoError(t, a.Free(p))
+		})
+	}
+	t.Run("oom", func(t *testing.T) {
+		d, err := hostOpen(512 * mib)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, d.Close()) }()
+		a, err := New(d, 0, SteadyConfig(), nil)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, a.Close()) }()
+		require.NoError(t, freeHalves(a))
+		p, err := a.Alloc(220*mib, 0) // 304 mapped of 512, no free block of 220: only with the free 300 given back
+		require.NoError(t, err)
+		st := a.Stats()
+		require.Positive(t, st.Unmaps)
+		require.LessOrEqual(t, st.ReservedBytes.All.Current, int64(512*mib))
+		require.NoError(t, a.Free(p))
+	})
+}
+
+// freeHalves leaves two free blocks of 150 MiB, each followed by a live
+// one of 2 MiB: 304 MiB mapped, no free block of more than 150.
+func freeHalves(a *Allocator) error {
+	held, err := alloc(a, 150*mib, 2*mib, 150*mib, 2*mib)
+	if err != nil {
+		return err
+	}
+	if err := a.Free(held[0]); err != nil {
+		return err
+	}
+	return a.Free(held[2])
+}
