@@ -362,31 +362,6 @@ def hf_generate_kv_cache(torch):
     return {"tokens": out.tolist()}
 
 
-def tiny_llama(torch):
-    import transformers
-    transformers.logging.set_verbosity_error()
-    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-                                   num_attention_heads=8, num_key_value_heads=4, vocab_size=1000,
-                                   max_position_embeddings=512)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).cuda().eval()
-
-
-def static_cache_requests(torch, model):
-    """Greedy generation with a static KV cache (preallocated to its full
-    length, as the recipe for compiled decoding has it), three requests of
-    other batch and prompt sizes."""
-    g = torch.Generator(device="cuda").manual_seed(11)
-    out = []
-    for b, n, new in ((2, 19, 16), (3, 7, 24), (2, 33, 8)):
-        ids = torch.randint(0, 1000, (b, n), device="cuda", generator=g)
-        with torch.inference_mode():
-            r = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                               pad_token_id=0, cache_implementation="static")
-        out.append(r.tolist())
-    return out
-
-
 @program()
 def hf_static_cache_generate(torch):
     # With a static cache, transformers' generate compiles the decoding
@@ -394,9 +369,26 @@ def hf_static_cache_generate(torch):
     # graph), so this is also compiled decoding from a preallocated cache.
     if importlib.util.find_spec("transformers") is None:
         return {"skipped": "no transformers"}
+    import transformers
     from torch._dynamo.utils import counters
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                                   num_attention_heads=8, num_key_value_heads=4, vocab_size=1000,
+                                   max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).cuda().eval()
     graphs = counters["stats"]["unique_graphs"]
-    tokens = static_cache_requests(torch, tiny_llama(torch))
+    # Greedy generation with the cache preallocated to its full length, as
+    # the recipe for compiled decoding has it: three requests of other
+    # batch and prompt sizes.
+    g = torch.Generator(device="cuda").manual_seed(11)
+    tokens = []
+    for b, n, new in ((2, 19, 16), (3, 7, 24), (2, 33, 8)):
+        ids = torch.randint(0, 1000, (b, n), device="cuda", generator=g)
+        with torch.inference_mode():
+            r = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                               pad_token_id=0, cache_implementation="static")
+        tokens.append(r.tolist())
     return {"tokens": tokens, "compiled": counters["stats"]["unique_graphs"] > graphs}
 
 
