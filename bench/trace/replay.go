@@ -62,6 +62,13 @@ type Result struct {
 	Retired int64 `json:"retired"`
 	Retries int64 `json:"retries"`
 	OOMs    int64 `json:"ooms"`
+	// LateMaps are the pages mapped over the second half of the events
+	// (Maps at the end less Maps at the middle event; 0 if the replay
+	// stopped before it): a loop whose layout has settled maps none
+	// there, one whose layout moves every step keeps mapping
+	// (policy:steady is for such loops). A trace whose live memory still
+	// grows in its second half maps there too.
+	LateMaps int64 `json:"late_maps"`
 	// FailedAllocs counts allocations that failed with vmm.ErrOutOfMemory;
 	// FirstFailure is the first of those errors.
 	FailedAllocs int   `json:"-"`
@@ -89,7 +96,8 @@ func Replay(t *Trace, a Allocator, opt Options) (Result, error) {
 	res := Result{Trace: t.Name, Events: len(t.Events), PeakLive: t.PeakLive}
 	ptrs := make([]vmm.DevicePtr, t.Slots) // 0: not allocated (never a block's address)
 	start := time.Now()
-	err := run(t, a, streams, ptrs, &res, opt)
+	mid := int64(-1)
+	err := run(t, a, streams, ptrs, &res, &mid, opt)
 	elapsed := time.Since(start)
 	st := a.Stats()
 	if len(t.Events) > 0 {
@@ -100,14 +108,22 @@ func Replay(t *Trace, a Allocator, opt Options) (Result, error) {
 		res.Ratio = float64(res.PeakReserved) / float64(res.PeakLive)
 	}
 	res.Maps, res.Unmaps, res.Syncs, res.Retired = st.Maps, st.Unmaps, st.Syncs, st.PagesRetired
+	if mid >= 0 {
+		res.LateMaps = st.Maps - mid
+	}
 	res.Retries, res.OOMs = st.NumAllocRetries, st.NumOOMs
 	return res, errors.Join(err, freeLive(t, a, ptrs))
 }
 
-// run is the timed loop.
-func run(t *Trace, a Allocator, streams []vmm.Stream, ptrs []vmm.DevicePtr, res *Result, opt Options) error {
+// run is the timed loop. It sets *mid to the allocator's Maps when it
+// reaches the middle event.
+func run(t *Trace, a Allocator, streams []vmm.Stream, ptrs []vmm.DevicePtr, res *Result, mid *int64, opt Options) error {
 	progress, sample, every := opt.Progress, opt.Sample, max(opt.SampleEvery, 1)
+	half := len(t.Events) / 2
 	for i := range t.Events {
+		if i == half {
+			*mid = a.Stats().Maps
+		}
 		e := &t.Events[i]
 		if e.Op == OpAlloc {
 			if e.Size != 0 {

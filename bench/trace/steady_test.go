@@ -76,19 +76,27 @@ func periodicTrace(t *testing.T, seed uint64, periods int) *trace.Trace {
 // Under SteadyConfig nothing is unmapped, and the 20 steps more map no
 // page and reserve no byte more: its layout settles in the first steps.
 // The default's tight layout holds less, but on some of these loops it
-// moves pages in every step (logged; bench/RESULTS.md round 38).
+// moves pages in every step (logged; bench/RESULTS.md round 38), which
+// Result.LateMaps shows and steady's does not.
 func TestSteadyPolicy(t *testing.T) {
 	d := hostDriver(t)
 	steady := xseg.SteadyConfig()
+	var late int64
 	for seed := range uint64(8) {
 		short, long := periodicTrace(t, seed, 4), periodicTrace(t, seed, 24)
 		s4, s24 := replayWith(t, d, short, steady), replayWith(t, d, long, steady)
 		require.Zero(t, s4.Unmaps+s24.Unmaps, "seed %d: steady unmapped pages", seed)
 		require.Equal(t, s4.Maps, s24.Maps, "seed %d: steady mapped pages after the fourth step", seed)
 		require.Equal(t, s4.PeakReserved, s24.PeakReserved, "seed %d: steady reserved more after the fourth step", seed)
+		require.Zero(t, s24.LateMaps, "seed %d: steady mapped in the second half", seed)
 		d4, d24 := replayWith(t, d, short, xseg.DefaultConfig()), replayWith(t, d, long, xseg.DefaultConfig())
 		require.LessOrEqual(t, d24.Ratio, s24.Ratio, "seed %d: the default held more than steady", seed)
+		// The second half is steps 12 to 24: within what came after the
+		// fourth.
+		require.LessOrEqual(t, d24.LateMaps, d24.Maps-d4.Maps, "seed %d", seed)
+		late = max(late, d24.LateMaps)
 		t.Logf("seed %d: steady %.4f, %d maps; default %.4f, %d maps in 4 steps and %.1f a step after",
 			seed, s24.Ratio, s24.Maps, d24.Ratio, d4.Maps, float64(d24.Maps-d4.Maps)/20)
 	}
+	require.Positive(t, late, "the default kept mapping on none of the loops")
 }

@@ -48,7 +48,10 @@ func newReplayCmd(stdout, stderr io.Writer) *cobra.Command {
 drives a fresh allocator with its events and reports, per trace: events, the
 trace's peak of live bytes, the allocator's peak of reserved bytes, their
 ratio (peak reserved / peak live: 1.0 wastes nothing), nanoseconds per event,
-pages mapped and unmapped, allocation retries and out-of-memory errors. The
+pages mapped (in all, and "late": over the second half of the events, where
+a loop whose layout has settled maps nothing and one that moves pages every
+step keeps mapping; policy:steady is for such loops) and unmapped,
+allocation retries and out-of-memory errors. The
 ratio shows n/a (OOM) for a replay with failed allocations, and n/a for a
 trace that never holds a live byte (empty, or 0-byte allocations only;
 --json gives ratio 0 there). Sizes are printed in KiB, MiB and GiB; --json

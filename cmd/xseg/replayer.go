@@ -131,7 +131,7 @@ func (p *resultPrinter) flush() error {
 		width = max(width, len(r.Trace))
 	}
 	tw := tabwriter.NewWriter(p.w, 0, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "%-*s\tevents\tpeak live\tpeak reserved\tpeak reserved / peak live\tns/event\tmaps\tunmaps\tretries\tooms\t\n", width, "trace")
+	fmt.Fprintf(tw, "%-*s\tevents\tpeak live\tpeak reserved\tpeak reserved / peak live\tns/event\tmaps\tlate maps\tunmaps\tretries\tooms\t\n", width, "trace")
 	failed, empty := false, false
 	for _, r := range p.result {
 		switch {
@@ -143,9 +143,9 @@ func (p *resultPrinter) flush() error {
 		if _, ok := firstOOM(r.Variants); ok {
 			failed = true
 		}
-		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%s\t%s\t%.0f\t%d\t%d\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%s\t%s\t%.0f\t%d\t%d\t%d\t%d\t%d\t\n",
 			width, r.Trace, r.Events, bytesize.FormatFixed(r.PeakLive, 3), bytesize.FormatFixed(r.PeakReserved, 3), ratioCell(r.Result),
-			r.NsPerEvent, r.Maps, r.Unmaps, r.Retries, r.OOMs)
+			r.NsPerEvent, r.Maps, r.LateMaps, r.Unmaps, r.Retries, r.OOMs)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
