@@ -25,7 +25,8 @@ func ClassicConfig() Config { return spec.ClassicConfig() }
 
 // SteadyConfig returns the page policy for loops that make the same
 // allocations every step (see spec.SteadyConfig): 2 MiB pages mapped
-// where first needed and never moved, no chunks, no page cache.
+// where first needed and never moved, chunks of up to 64 MiB never split,
+// no page cache.
 func SteadyConfig() Config { return spec.SteadyConfig() }
 
 // ParseConfig applies s, in the XSEG_CONF syntax "key:value,key:value", to

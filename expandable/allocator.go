@@ -145,6 +145,6 @@ func DefaultConfig() Config { return core.DefaultConfig() }
 func ClassicConfig() Config { return core.ClassicConfig() }
 
 // SteadyConfig is the page policy for loops that allocate the same every
-// step (spec.SteadyConfig): 2 MiB pages never moved, no chunks, no page
-// cache.
+// step (spec.SteadyConfig): 2 MiB pages never moved, chunks of up to 64
+// MiB never split, no page cache.
 func SteadyConfig() Config { return core.SteadyConfig() }

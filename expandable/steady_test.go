@@ -17,12 +17,7 @@ func TestSteadyNeverSteals(t *testing.T) {
 		unmaps bool
 	}{{"steady", SteadyConfig(), false}, {"default", DefaultConfig(), true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			d, err := hostOpen(512 * mib)
-			require.NoError(t, err)
-			defer func() { require.NoError(t, d.Close()) }()
-			a, err := New(d, 0, tc.cfg, nil)
-			require.NoError(t, err)
-			defer func() { require.NoError(t, a.Close()) }()
+			a := steadyOn512(t, tc.cfg)
 			held, err := alloc(a, 40*mib, 2*mib)
 			require.NoError(t, err)
 			require.NoError(t, a.Free(held[0]))
@@ -36,13 +31,28 @@ func TestSteadyNeverSteals(t *testing.T) {
 			require.NoError(t, a.Free(p))
 		})
 	}
+	// A growth maps its inside as chunks of up to 64 MiB, and a block
+	// carved from a freed chunk does not split it: nothing is unmapped.
+	t.Run("chunks", func(t *testing.T) {
+		a := steadyOn512(t, SteadyConfig())
+		p, err := a.Alloc(100*mib, 0)
+		require.NoError(t, err)
+		st := a.Stats()
+		maps := st.Maps
+		require.True(t, maps >= 2 && maps <= 3, "100 MiB in chunks of up to 64 MiB (and a last page), not 50 pages: %d maps", maps)
+		require.NoError(t, a.Free(p))
+		q, err := a.Alloc(10*mib, 0)
+		require.NoError(t, err)
+		st = a.Stats()
+		require.Zero(t, st.Unmaps, "a chunk split")
+		require.Equal(t, maps, st.Maps)
+		require.EqualValues(t, 100*mib, st.ReservedBytes.All.Current)
+		require.NoError(t, a.Free(q))
+		require.NoError(t, a.EmptyCache())
+		require.Zero(t, a.Stats().ReservedBytes.All.Current, "EmptyCache gives the chunks back whole")
+	})
 	t.Run("oom", func(t *testing.T) {
-		d, err := hostOpen(512 * mib)
-		require.NoError(t, err)
-		defer func() { require.NoError(t, d.Close()) }()
-		a, err := New(d, 0, SteadyConfig(), nil)
-		require.NoError(t, err)
-		defer func() { require.NoError(t, a.Close()) }()
+		a := steadyOn512(t, SteadyConfig())
 		require.NoError(t, freeHalves(a))
 		p, err := a.Alloc(220*mib, 0) // 304 mapped of 512, no free block of 220: only with the free 300 given back
 		require.NoError(t, err)
@@ -64,4 +74,17 @@ func freeHalves(a *Allocator) error {
 		return err
 	}
 	return a.Free(held[2])
+}
+
+// steadyOn512 is an allocator with cfg on a host device of 512 MiB, both
+// closed when the test ends (the allocator first).
+func steadyOn512(t *testing.T, cfg Config) *Allocator {
+	t.Helper()
+	d, err := hostOpen(512 * mib)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, d.Close()) })
+	a, err := New(d, 0, cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, a.Close()) })
+	return a
 }

@@ -175,23 +175,26 @@ func (c *Config) classic() {
 }
 
 // SteadyConfig returns the page policy for a loop that makes the same
-// allocations every step (a training loop at a fixed batch size) and
-// whose steps are short beside a page's move: one pool of 2 MiB pages a
-// stream, as DefaultConfig, but pages are mapped where the heap first
-// needs them and stay there: no recycling, no chunks, no page cache, so a
-// growth never unmaps a free page elsewhere. Whole free pages go back to
-// the driver only on EmptyCache, above a release threshold and when an
-// allocation runs out of memory. The default's tight layout can need page
-// moves in every step of such a loop, forever (a GAN at a fixed batch
-// size: about 190 maps a step, 23 to 67 % slower than PyTorch's
-// allocator on an H100, bench/RESULTS.md round 38); this one maps in the
-// first steps only and holds what the loop's layout needs, more than the
-// default's (1.01 to 1.35 times peak live bytes on made-up loops,
-// TestSteadyPolicy; about what PyTorch's expandable segments hold on the
-// recorded traces). With no chunks, a first step that maps gigabytes
-// makes its pages one by one (GPT-2 small's: 1.75 to 1.87 times
-// PyTorch's). The rest as DefaultConfig; XSEG_CONF's "policy:steady"
-// selects it.
+// allocations every step (a training loop at a fixed shape, above all a
+// convolutional one) and whose steps are short beside a page's move: one
+// pool of 2 MiB pages a stream, as DefaultConfig, but pages are mapped
+// where the heap first needs them and stay there: no recycling and no
+// page cache, so a growth never unmaps a free page elsewhere. The inside
+// of each growth is mapped as chunks of up to 64 MiB, one physical
+// allocation each, never split (nothing would move their free pages), so
+// a first step that maps gigabytes makes tens of allocations, not
+// thousands; a chunk partly used by a live block keeps its free part
+// mapped until the block is freed, also when an allocation runs out of
+// memory. Whole free pages and chunks go back to the driver on
+// EmptyCache, above a release threshold and when an allocation runs out
+// of memory. The default's tight layout can need page moves in every
+// step of such a loop, forever (ResNet-50 43 to 50 % and a GAN 23 to 67 %
+// slower than under PyTorch's allocator on an H100, bench/RESULTS.md
+// round 38); this one maps in the first steps only and holds what the
+// loop's layout needs, more than the default's (1.01 to 1.35 times peak
+// live bytes on made-up loops, TestSteadyPolicy; about what PyTorch's
+// expandable segments hold on the recorded traces). The rest as
+// DefaultConfig; XSEG_CONF's "policy:steady" selects it.
 func SteadyConfig() Config {
 	c := DefaultConfig()
 	c.steady()
@@ -201,7 +204,7 @@ func SteadyConfig() Config {
 // steady sets the page policy's fields to SteadyConfig's.
 func (c *Config) steady() {
 	c.SmallPageSize, c.LargePageSize, c.SmallLimit = 2*MiB, 2*MiB, 0
-	c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes, c.SizeClasses = false, 0, 0, false
+	c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes, c.SizeClasses = false, 64*MiB, 0, false
 	c.PageCacheBytes = 0
 }
 

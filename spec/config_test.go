@@ -40,7 +40,7 @@ func TestParseConfigPolicy(t *testing.T) {
 	st := SteadyConfig()
 	require.NoError(t, st.Validate())
 	require.False(t, st.RecyclePages)
-	require.Zero(t, st.ChunkBytes)
+	require.Equal(t, uint64(64*MiB), st.ChunkBytes, "chunks, never split: nothing moves pages")
 	require.Zero(t, st.PageCacheBytes)
 	require.Equal(t, DefaultConfig().LargePageSize, st.LargePageSize)
 	require.Equal(t, DefaultConfig().SmallLimit, st.SmallLimit)

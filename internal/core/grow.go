@@ -36,8 +36,14 @@ func (h *Heap) findLocked(st *state, rs uint64) (*block, error) {
 // and chunks of its own. b is out of the free structures; it stays so
 // when nothing is unmapped. Nothing is split while a pool is active or in
 // a private pool (a capture forbids the wait; a graph addresses the
-// pages).
+// pages), nor by a Heap that never moves free pages (no recycling and
+// no page cache to steal into, SteadyConfig): there a split would buy
+// nothing, the free pages staying where they are either way, and each
+// chunk would be made again page by page.
 func (h *Heap) splitChunkLocked(b *block, rs uint64) bool {
+	if h.holder == nil && h.cfg.PageCacheBytes == 0 {
+		return false
+	}
 	seg := b.seg
 	end := b.ptr.Add(rs)
 	if end >= b.end() || h.capturingLocked() || !seg.st.key.private.IsZero() {
