@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
 // TestSteadyNeverSteals: under SteadyConfig a growth makes pages and
@@ -17,7 +19,7 @@ func TestSteadyNeverSteals(t *testing.T) {
 		unmaps bool
 	}{{"steady", SteadyConfig(), false}, {"default", DefaultConfig(), true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			a := steadyOn512(t, tc.cfg)
+			a := newAlloc(t, vmmtest.HostDriver(t, 512*mib), tc.cfg)
 			held, err := alloc(a, 40*mib, 2*mib)
 			require.NoError(t, err)
 			require.NoError(t, a.Free(held[0]))
@@ -34,7 +36,7 @@ func TestSteadyNeverSteals(t *testing.T) {
 	// A growth maps its inside as chunks of up to 64 MiB, and a block
 	// carved from a freed chunk does not split it: nothing is unmapped.
 	t.Run("chunks", func(t *testing.T) {
-		a := steadyOn512(t, SteadyConfig())
+		a := newAlloc(t, vmmtest.HostDriver(t, 512*mib), SteadyConfig())
 		p, err := a.Alloc(100*mib, 0)
 		require.NoError(t, err)
 		st := a.Stats()
@@ -52,7 +54,7 @@ func TestSteadyNeverSteals(t *testing.T) {
 		require.Zero(t, a.Stats().ReservedBytes.All.Current, "EmptyCache gives the chunks back whole")
 	})
 	t.Run("oom", func(t *testing.T) {
-		a := steadyOn512(t, SteadyConfig())
+		a := newAlloc(t, vmmtest.HostDriver(t, 512*mib), SteadyConfig())
 		require.NoError(t, freeHalves(a))
 		p, err := a.Alloc(220*mib, 0) // 304 mapped of 512, no free block of 220: only with the free 300 given back
 		require.NoError(t, err)
@@ -74,17 +76,4 @@ func freeHalves(a *Allocator) error {
 		return err
 	}
 	return a.Free(held[2])
-}
-
-// steadyOn512 is an allocator with cfg on a host device of 512 MiB, both
-// closed when the test ends (the allocator first).
-func steadyOn512(t *testing.T, cfg Config) *Allocator {
-	t.Helper()
-	d, err := hostOpen(512 * mib)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, d.Close()) })
-	a, err := New(d, 0, cfg, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, a.Close()) })
-	return a
 }

@@ -163,15 +163,9 @@ func DefaultConfig() Config {
 // "policy:classic" selects it.
 func ClassicConfig() Config {
 	c := DefaultConfig()
-	c.classic()
-	return c
-}
-
-// classic sets the page policy's fields to ClassicConfig's.
-func (c *Config) classic() {
 	c.SmallPageSize, c.LargePageSize, c.SmallLimit = 2*MiB, 20*MiB, 1*MiB
-	c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes, c.SizeClasses = false, 0, 0, false
-	c.PageCacheBytes = DefaultConfig().PageCacheBytes
+	c.RecyclePages, c.ChunkBytes = false, 0
+	return c
 }
 
 // SteadyConfig returns the page policy for a loop that makes the same
@@ -197,15 +191,16 @@ func (c *Config) classic() {
 // DefaultConfig; XSEG_CONF's "policy:steady" selects it.
 func SteadyConfig() Config {
 	c := DefaultConfig()
-	c.steady()
+	c.RecyclePages, c.ChunkBytes, c.PageCacheBytes = false, 64*MiB, 0
 	return c
 }
 
-// steady sets the page policy's fields to SteadyConfig's.
-func (c *Config) steady() {
-	c.SmallPageSize, c.LargePageSize, c.SmallLimit = 2*MiB, 2*MiB, 0
-	c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes, c.SizeClasses = false, 64*MiB, 0, false
-	c.PageCacheBytes = 0
+// setPagePolicy sets c's page policy's fields (page sizes, small limit,
+// recycling, chunks, size classes, page cache) to p's.
+func (c *Config) setPagePolicy(p Config) {
+	c.SmallPageSize, c.LargePageSize, c.SmallLimit = p.SmallPageSize, p.LargePageSize, p.SmallLimit
+	c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes, c.SizeClasses = p.RecyclePages, p.ChunkBytes, p.ChunkMinBytes, p.SizeClasses
+	c.PageCacheBytes = p.PageCacheBytes
 }
 
 // Validate checks the values that do not depend on the device.
@@ -264,14 +259,11 @@ var configKeys = map[string]func(c *Config, v string) error{
 func setPolicy(c *Config, v string) error {
 	switch v {
 	case "classic":
-		c.classic()
+		c.setPagePolicy(ClassicConfig())
 	case "steady":
-		c.steady()
+		c.setPagePolicy(SteadyConfig())
 	case "default":
-		d := DefaultConfig()
-		c.SmallPageSize, c.LargePageSize, c.SmallLimit = d.SmallPageSize, d.LargePageSize, d.SmallLimit
-		c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes, c.SizeClasses = d.RecyclePages, d.ChunkBytes, d.ChunkMinBytes, d.SizeClasses
-		c.PageCacheBytes = d.PageCacheBytes
+		c.setPagePolicy(DefaultConfig())
 	default:
 		return fmt.Errorf("not a policy (classic, steady or default): %s", quote(v))
 	}
