@@ -41,7 +41,7 @@ func (h *Heap) findLocked(st *state, rs uint64) (*block, error) {
 // nothing, the free pages staying where they are either way, and each
 // chunk would be made again page by page.
 func (h *Heap) splitChunkLocked(b *block, rs uint64) bool {
-	if h.holder == nil && h.cfg.PageCacheBytes == 0 {
+	if h.pagesStayPut() {
 		return false
 	}
 	seg := b.seg
@@ -121,7 +121,7 @@ func (h *Heap) growLocked(st *state, rs uint64) (*block, error) {
 // (a graph still addresses its free pages).
 func (h *Heap) stealLocked(hole *block, rs uint64) bool {
 	seg := hole.seg
-	if h.capturingLocked() || !seg.st.key.private.IsZero() {
+	if h.capturingLocked() || !seg.st.key.private.IsZero() || h.pagesStayPut() {
 		return false
 	}
 	_, size := h.growSpan(hole, rs)
@@ -162,6 +162,13 @@ func (h *Heap) stealLocked(hole *block, rs uint64) bool {
 	}
 	return got > 0
 }
+
+// pagesStayPut reports whether the Heap never moves a free page: no
+// recycling (Config.RecyclePages) and no page cache for a growth to take
+// free pages into (SteadyConfig). Then nothing is stolen and no chunk is
+// split; free pages go back only to the driver (EmptyCache, the release
+// threshold, the OOM policy).
+func (h *Heap) pagesStayPut() bool { return h.holder == nil && h.cfg.PageCacheBytes == 0 }
 
 // usableCachedLocked is the cached bytes a growth of pool p can map: its
 // own pool's and its page mates'.
