@@ -154,9 +154,27 @@ def test_out_of_memory_beyond_capacity():
 
 
 def test_malloc_at_most_argument_errors():
-    for mx, mn in ((1, 2), (10, 0), (0, 0), (10, -1)):
+    for mx, mn in ((1, 2), (10, 0), (0, 0), (10, -1), (2 ** 64, 2 ** 62 + 1), (2 ** 65, 2 ** 64)):
         with pytest.raises(ValueError):
             xseg.malloc_at_most(mx, mn)
+
+
+def test_malloc_at_most_as_much_as_possible(run_py):
+    # Audit C, D5: max_bytes above 2**62 was refused ("need 0 < min <= max
+    # <= 2^62"), undocumented; it is taken as 2**62, so that a huge max
+    # asks for as much as there is.
+    got = last_json(run_py("""
+        out = []
+        for mx in (2 ** 62, 2 ** 62 + 1, 2 ** 63, 2 ** 64, 2 ** 100):
+            p, n = xseg.malloc_at_most(mx, MiB)
+            ctypes.memset(p, 7, n)
+            xseg.free(p)
+            out.append(n)
+        print(json.dumps(out))
+    """))
+    for n in got:
+        assert MiB <= n <= CAPACITY, got
+    assert "2**62" in xseg.malloc_at_most.__doc__
 
 
 def test_malloc_at_most_without_pressure():
@@ -218,7 +236,7 @@ def test_integer_arguments_are_checked_not_wrapped():
         (lambda: xseg.free("0x1000"), TypeError, "argument 1 must be an integer, not str"),
         (lambda: xseg.free(2 ** 64), OverflowError, "argument 1"),
         (lambda: xseg.free(1.5), TypeError, "argument 1"),
-        (lambda: xseg.malloc_at_most(2 ** 64, 1), OverflowError, "argument 1"),
+        (lambda: xseg.malloc_at_most(MiB, 1, device=2 ** 32), OverflowError, "argument 3"),
         (lambda: xseg.malloc_at_most(4096.0, 1), TypeError, "max_bytes must be an integer"),
         (lambda: _lib.malloc_in_pool(1.0, (1, 1)), TypeError, "size must be an integer"),
         (lambda: _lib.raw_stats(2 ** 31), OverflowError, "argument 1"),

@@ -376,13 +376,23 @@ def malloc(size: int, device: int = 0, stream: int = 0) -> int:
     return p or 0
 
 
+# The largest max that xseg_malloc_at_most takes (xseg.h).
+_MAX_AT_MOST = 1 << 62
+
+
 def malloc_at_most(max_bytes: int, min_bytes: int, device: int = 0, stream: int = 0) -> Tuple[int, int]:
     """Allocate as much as it can of at most max_bytes and at least
     min_bytes, shrinking the request by the configured oom_size_factor
-    (OOM_SIZE_FACTOR) after each out-of-memory; returns (address, size)."""
+    (OOM_SIZE_FACTOR) after each out-of-memory; returns (address, size).
+    A max_bytes above 2**62 is taken as 2**62 (the most the library takes;
+    it starts from the memory there is): a huge max_bytes asks for as much
+    as possible. Raises ValueError unless 0 < min_bytes <= max_bytes and
+    min_bytes <= 2**62."""
     max_bytes, min_bytes = _integer(max_bytes, "max_bytes"), _integer(min_bytes, "min_bytes")
-    if not 0 < min_bytes <= max_bytes:
-        raise ValueError(f"xseg: malloc_at_most needs 0 < min_bytes <= max_bytes, got {min_bytes}, {max_bytes}")
+    if not 0 < min_bytes <= max_bytes or min_bytes > _MAX_AT_MOST:
+        raise ValueError(f"xseg: malloc_at_most needs 0 < min_bytes <= max_bytes and min_bytes <= 2**62, "
+                         f"got {min_bytes}, {max_bytes}")
+    max_bytes = min(max_bytes, _MAX_AT_MOST)
     got = ctypes.c_size_t()
     p = load().xseg_malloc_at_most(max_bytes, min_bytes, device, stream or None, ctypes.byref(got))
     if not p:
