@@ -56,6 +56,38 @@ def test_find_library_errors(monkeypatch, tmp_path):
         xseg.find_library()
 
 
+def test_find_library_says_a_directory_is_one(monkeypatch, tmp_path):
+    # Audit C, D6: XSEG_LIB=/tmp said "library /tmp does not exist".
+    for find in (lambda: xseg.find_library(str(tmp_path)),
+                 lambda: monkeypatch.setenv("XSEG_LIB", str(tmp_path)) or xseg.find_library()):
+        with pytest.raises(FileNotFoundError, match="is a directory") as e:
+            find()
+        assert "does not exist" not in str(e.value)
+        assert "did you mean" not in str(e.value)  # no libxseg.so in it to point at
+    (tmp_path / "libxseg.so").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"is a directory.*did you mean .*libxseg\.so\?"):
+        xseg.find_library(str(tmp_path))
+
+
+def test_a_library_that_is_not_xseg_is_not_called_older():
+    # Audit C, D6: XSEG_LIB=libm.so.6 said "... lacks xseg_malloc, ... (all
+    # 42 names): it is older than this package".
+    import ctypes.util
+    name = ctypes.util.find_library("m") or ctypes.util.find_library("c")
+    if name is None:
+        pytest.skip("no libm or libc to load")
+    with pytest.raises(xseg.XsegError, match="is not an xseg library") as e:
+        _lib._declare(ctypes.CDLL(name))
+    assert "older" not in str(e.value) and "lacks" not in str(e.value), e.value
+
+    class Partial:  # an xseg of an earlier version: some of the names
+        _name = "/old/libxseg.so"
+        xseg_malloc = xseg_free = object()
+    with pytest.raises(xseg.XsegError, match="lacks .*xseg_malloc_at_most.*: it is older than this package") as e:
+        _lib._declare(Partial())
+    assert "xseg_malloc," not in str(e.value) and "xseg_free," not in str(e.value)
+
+
 def test_load_is_once(libxseg, tmp_path):
     assert xseg.load() is libxseg
     with pytest.raises(xseg.XsegError, match="already loaded"):
@@ -255,6 +287,22 @@ def test_integer_arguments_are_checked_not_wrapped():
         assert p
     finally:
         xseg.free(_Index(p))
+
+
+def test_bool_is_no_device_or_integer():
+    # Audit C, D6: xseg.malloc(100, device=True) was device 1, while
+    # xseg.stats(True) and the other functions that take a device raise
+    # TypeError for a bool.
+    before = xseg.last_error()
+    for call in (lambda: xseg.malloc(100, device=True), lambda: xseg.malloc(100, False),
+                 lambda: xseg.malloc_at_most(MiB, 1, device=True), lambda: xseg.malloc_in_pool(100, (1, 1), True),
+                 lambda: xseg.free(0x1000, device=True), lambda: xseg.cache_info(False),
+                 lambda: xseg.memory_fraction(True), lambda: xseg.share_block(0x1000, True)):
+        with pytest.raises(TypeError, match="must be an integer, not bool"):
+            call()
+    with pytest.raises(TypeError, match="malloc's size must be an integer, not bool"):
+        xseg.malloc(True)
+    assert xseg.last_error() == before  # none of them reached the library
 
 
 class _HasIndex:

@@ -187,6 +187,11 @@ def test_bad_input():
         xseg.pause([1])
     with pytest.raises(TypeError):
         xseg.pause(b"kv")
+    # Audit C, D6: xseg.pause(123) raised "'int' object is not iterable".
+    for call in (lambda: xseg.pause(123), lambda: xseg.resume(1.5), lambda: xseg.sleep(offload_tags=7),
+                 lambda: xseg.wake_up(object())):
+        with pytest.raises(TypeError, match="a tag name is a str, not (int|float|object)"):
+            call()
     with pytest.raises(xseg.XsegError, match="out of range"):
         xseg.pause("pr_nope", device=70)
     with pytest.raises(xseg.XsegError, match="out of range"):

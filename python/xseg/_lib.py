@@ -47,11 +47,16 @@ def find_library(path: Optional[str] = None) -> str:
     """The absolute path of libxseg.so: ``path``, else ``$XSEG_LIB``, else
     the copy inside this package (a wheel ships one), else one in the source
     tree (``python/``, the repository root, ``.gpu-lib/``). Raises
-    FileNotFoundError naming what was tried."""
+    FileNotFoundError naming what was tried (or saying that a path given
+    is a directory)."""
     if path is None:
         path = os.environ.get("XSEG_LIB") or None
     if path is not None:
         path = os.path.abspath(os.fspath(path))
+        if os.path.isdir(path):
+            inside = os.path.join(path, LIB_NAME)
+            hint = f" (did you mean {inside}?)" if os.path.isfile(inside) else ""
+            raise FileNotFoundError(f"xseg: library {path} is a directory, not the library's file{hint}")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"xseg: library {path} does not exist")
         return path
@@ -134,7 +139,8 @@ def _checked(name: str, f: Any, args: List[Any]) -> Callable[..., Any]:
     """f, a declared function of libxseg, behind a check of its integer
     arguments: TypeError for one that is not an integer (a float, a
     string: ctypes would pass a pointer to a string's bytes as an address
-    or a stream handle), OverflowError for one out of its C type's range.
+    or a stream handle; a bool, which the functions that take PyTorch's
+    device argument refuse too), OverflowError for one out of its C type's range.
     ctypes values, buffers, pointers and None (NULL, for an address) go to
     ctypes as they are, and so do strings' arguments."""
     checks = [(i, _RANGES[t]) for i, t in enumerate(args) if t in _RANGES]
@@ -158,7 +164,10 @@ def _checked(name: str, f: Any, args: List[Any]) -> Callable[..., Any]:
 
 
 def _integer(v: Any, what: str) -> int:
-    """v as an int (anything with __index__), or TypeError naming what."""
+    """v as an int (anything with __index__ but a bool: device=True is
+    more likely a mistake than device 1), or TypeError naming what."""
+    if isinstance(v, bool):
+        raise TypeError(f"xseg: {what} must be an integer, not bool ({v!r})")
     try:
         return operator.index(v)
     except TypeError:
@@ -175,6 +184,9 @@ def cuda_array_interface(ptr: int, shape: Tuple[int, ...], typestr: str = "|u1")
 
 def _declare(lib: ctypes.CDLL) -> None:
     missing = [n for n in _SIGNATURES if not hasattr(lib, n)]
+    if len(missing) == len(_SIGNATURES):
+        raise XsegError(f"xseg: {lib._name} is not an xseg library: it has none of the {len(missing)} "
+                        "functions of xseg.h (xseg_malloc, xseg_free, ...)")
     if missing:
         raise XsegError(f"xseg: {lib._name} lacks {', '.join(missing)}: it is older than this package")
     for name, (res, args) in _SIGNATURES.items():

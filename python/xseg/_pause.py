@@ -104,7 +104,11 @@ def _names(tags: Tags) -> Optional[List[str]]:
         return [tags]
     if isinstance(tags, (bytes, bytearray)):
         raise TypeError("xseg: tag names are str, not bytes")
-    names = list(tags)
+    try:
+        names = list(tags)
+    except TypeError:
+        raise TypeError(f"xseg: a tag name is a str, not {type(tags).__name__} ({tags!r:.60}); "
+                        "tags are a name, an iterable of names, or None") from None
     for n in names:
         if not isinstance(n, str):
             raise TypeError(f"xseg: a tag name is a str, not {type(n).__name__}")
