@@ -196,11 +196,10 @@ func xsegGoSetLogLevel(level *C.char) (rc C.int) {
 	rc = -1
 	defer catch("xseg_set_log_level")
 	drainFrees()
-	s := ""
-	if level != nil {
-		s = C.GoString(level)
+	if level == nil {
+		return status("xseg_set_log_level", fmt.Errorf("log level is NULL: want off, error, warn, info or debug: %w", vmm.ErrInvalid))
 	}
-	lv, err := parseLevel(s)
+	lv, err := parseLevel(C.GoString(level))
 	if err == nil {
 		lib.level.Set(lv)
 	}

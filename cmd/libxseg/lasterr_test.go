@@ -5,6 +5,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -65,4 +66,15 @@ func TestFailBounded(t *testing.T) {
 	fail("xseg_test", errors.New(strings.Repeat("y", 1<<20)))
 	require.Len(t, lastErr.text(), maxErrorLen)
 	require.True(t, strings.HasPrefix(lastErr.text(), "xseg_test: yyy"))
+}
+
+// Audit C, D6: xseg_set_log_level(NULL) returned 0 and turned the log
+// off; it fails with the reason, and the level stays as it was.
+func TestSetLogLevelNull(t *testing.T) {
+	before := lib.level.Level()
+	t.Cleanup(func() { lib.level.Set(before) })
+	lib.level.Set(slog.LevelWarn)
+	require.EqualValues(t, -1, xsegGoSetLogLevel(nil))
+	require.Equal(t, "xseg_set_log_level: log level is NULL: want off, error, warn, info or debug: invalid argument", lastErr.text())
+	require.Equal(t, slog.LevelWarn, lib.level.Level())
 }

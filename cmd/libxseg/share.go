@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -43,12 +44,15 @@ var shared sharing
 
 func init() { dropKeptImports = shared.dropKept }
 
+// maxImporters bounds the importers of one share (xseg_share_for).
+const maxImporters = 1 << 20
+
 // share shares the live block at ptr of device's allocator and returns its
 // descriptor. The allocator must be shareable (shareable:true in
 // XSEG_CONF or xseg_configure).
 func (s *sharing) share(ptr vmm.DevicePtr, device, importers int) ([]byte, error) {
-	if importers < 0 || importers > 1<<20 {
-		return nil, fmt.Errorf("%d importers: %w", importers, vmm.ErrInvalid)
+	if importers < 0 || importers > maxImporters {
+		return nil, fmt.Errorf("importers %d: want 0 to %d (0: until xseg_unshare): %w", importers, maxImporters, vmm.ErrInvalid)
 	}
 	a, err := lib.existing(device)
 	if err != nil {
@@ -214,6 +218,24 @@ func (s *sharing) close(h int64) error {
 	return m.Close()
 }
 
+// oneLine is err for the one-line text of xseg_last_error: errors.Join
+// (ipc joins the failure of each transport an open tried, or an error and
+// the failure of undoing what it had done) puts a newline between causes,
+// which oneLine makes "; ". errors.Is and errors.As still see every cause.
+func oneLine(err error) error {
+	if err == nil || !strings.Contains(err.Error(), "\n") {
+		return err
+	}
+	return lineJoined{err}
+}
+
+// lineJoined is an error whose text has "; " for each newline of its
+// cause's.
+type lineJoined struct{ cause error }
+
+func (e lineJoined) Error() string { return strings.ReplaceAll(e.cause.Error(), "\n", "; ") }
+func (e lineJoined) Unwrap() error { return e.cause }
+
 // maxDescLen bounds a descriptor given to xseg_open or xseg_unshare.
 const maxDescLen = 1 << 24
 
@@ -253,13 +275,13 @@ func xsegGoShare(ptr C.uintptr_t, device, importers C.int, out unsafe.Pointer, c
 	}
 	b, err := shared.share(vmm.DevicePtr(ptr), int(device), int(importers))
 	if err != nil {
-		fail("xseg_share", fmt.Errorf("%#x on device %d: %w", uintptr(ptr), int(device), err))
+		fail("xseg_share", oneLine(fmt.Errorf("%#x on device %d: %w", uintptr(ptr), int(device), err)))
 		return -1
 	}
 	if uint64(len(b)) > uint64(capacity) {
 		undone := "the share is undone"
 		if err := shared.unshare(b); err != nil {
-			undone = fmt.Sprintf("undoing the share failed: %v", err)
+			undone = fmt.Sprintf("undoing the share failed: %v", oneLine(err))
 		}
 		fail("xseg_share", fmt.Errorf("the descriptor takes %d bytes, the buffer has %d (%s): %w", len(b), uint64(capacity), undone, vmm.ErrInvalid))
 		return -1
@@ -273,7 +295,7 @@ func xsegGoUnshare(desc unsafe.Pointer, length C.size_t) (rc C.int) {
 	rc = -1
 	defer catch("xseg_unshare")
 	drainFrees()
-	return status("xseg_unshare", shared.unshare(cBytes(desc, length)))
+	return status("xseg_unshare", oneLine(shared.unshare(cBytes(desc, length))))
 }
 
 // xsegGoOpen is xseg_open (wait 1) and xseg_open_nowait (wait 0); ptr and
@@ -295,7 +317,7 @@ func xsegGoOpen(desc unsafe.Pointer, length C.size_t, device C.int, ptr *C.uintp
 	}
 	id, m, err := shared.open(cBytes(desc, length), int(device), wait == 0)
 	if err != nil {
-		fail(name, fmt.Errorf("on device %d: %w", int(device), err))
+		fail(name, oneLine(fmt.Errorf("on device %d: %w", int(device), err)))
 		return -1
 	}
 	// Runs before catch, also on a panic: a mapping whose handle is not
@@ -303,7 +325,7 @@ func xsegGoOpen(desc unsafe.Pointer, length C.size_t, device C.int, ptr *C.uintp
 	defer func() {
 		if h < 0 {
 			if err := shared.close(id); err != nil {
-				fail(name, fmt.Errorf("closing the mapping of a failed call: %w", err))
+				fail(name, oneLine(fmt.Errorf("closing the mapping of a failed call: %w", err)))
 			}
 		}
 	}()
@@ -316,7 +338,7 @@ func xsegGoOpenWait(h C.int64_t) (rc C.int) {
 	rc = -1
 	defer catch("xseg_open_wait")
 	drainFrees()
-	return status("xseg_open_wait", shared.awaitLease(int64(h)))
+	return status("xseg_open_wait", oneLine(shared.awaitLease(int64(h))))
 }
 
 //export xsegGoClose
@@ -324,5 +346,5 @@ func xsegGoClose(h C.int64_t) (rc C.int) {
 	rc = -1
 	defer catch("xseg_close")
 	drainFrees()
-	return status("xseg_close", shared.close(int64(h)))
+	return status("xseg_close", oneLine(shared.close(int64(h))))
 }

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -69,4 +70,32 @@ func TestLibraryShareNotShareableMessage(t *testing.T) {
 	require.Equal(t, 1, strings.Count(err.Error(), "pinning block"), err.Error())
 	require.ErrorContains(t, err, fmt.Sprintf("sharing: pinning block %v: allocator not configured shareable", p))
 	require.NoError(t, l.free(p, 0))
+}
+
+// Audit C, D6: xseg_share_for(p, 0, 1<<20 + 1, ...) said only "1048577
+// importers: invalid argument"; it names the range allowed.
+func TestShareImportersRange(t *testing.T) {
+	var buf [64]byte
+	require.EqualValues(t, -1, xsegGoShare(0x1000, 0, maxImporters+1, unsafe.Pointer(&buf[0]), 64))
+	require.Equal(t, "xseg_share: 0x1000 on device 0: importers 1048577: want 0 to 1048576 (0: until xseg_unshare): invalid argument",
+		lastErr.text())
+	require.EqualValues(t, -1, xsegGoShare(0x1000, 0, -1, unsafe.Pointer(&buf[0]), 64))
+	require.Contains(t, lastErr.text(), "importers -1: want 0 to 1048576")
+}
+
+// Audit C, D6: an open that failed by every transport put a newline
+// between the causes (errors.Join) inside the one-line xseg_last_error
+// text; oneLine joins them with "; " and keeps them for errors.Is.
+func TestOneLine(t *testing.T) {
+	pidfd := fmt.Errorf("pidfd: pidfd_open(31197): %w", vmm.ErrNotSupported)
+	socket := fmt.Errorf("socket: dial unixpacket @xseg-1: %w", vmm.ErrInvalid)
+	err := oneLine(fmt.Errorf("on device 0: fetching 2 pages: %w", errors.Join(pidfd, socket)))
+	require.Equal(t, "on device 0: fetching 2 pages: pidfd: pidfd_open(31197): not supported; socket: dial unixpacket @xseg-1: invalid argument", err.Error())
+	require.ErrorIs(t, err, vmm.ErrNotSupported)
+	require.ErrorIs(t, err, vmm.ErrInvalid)
+	fail("xseg_open", err)
+	require.NotContains(t, lastErr.text(), "\n")
+	plain := fmt.Errorf("no mapping has handle 7: %w", vmm.ErrInvalid)
+	require.Same(t, plain, oneLine(plain), "an error of one line stays as it is")
+	require.NoError(t, oneLine(nil))
 }

@@ -167,8 +167,9 @@ int xseg_configure(const char* conf);
 
 /* xseg_set_log_level sets the level of the log written to standard error:
  * "off" (the default, or XSEG_LOG), "error", "warn", "info", "debug".
- * Returns 0, or -1 for an unknown level. An unknown XSEG_LOG leaves the log
- * off and fails the library's first use (see the top of this file). */
+ * Returns 0, or -1 for an unknown level or NULL (the level stays as it
+ * was). An unknown XSEG_LOG leaves the log off and fails the library's
+ * first use (see the top of this file). */
 int xseg_set_log_level(const char* level);
 
 /* Cross-process sharing (package ipc). xseg_share shares the live block
@@ -181,14 +182,14 @@ int xseg_set_log_level(const char* level);
  * shared). xseg_unshare stops serving new importers of desc; 0 or -1. */
 ssize_t xseg_share(void* ptr, int device, void* out, size_t cap);
 
-/* xseg_share_for is xseg_share for a known number of importers (> 0): the
- * share ends by itself once that many have opened it, each keeping the
- * pages until it closes, as torch.multiprocessing needs (one share per
- * tensor sent). importers 0 is xseg_share. A share for one importer is
- * claimed: the importer that fetches it by pidfd seals a claim memfd with
- * its pid and a nonce, and reads without waiting for this process, which
- * serves that importer alone and keeps the pages for it until its request
- * is served or it exits (also past xseg_unshare). */
+/* xseg_share_for is xseg_share for a known number of importers (1 to
+ * 2^20): the share ends by itself once that many have opened it, each
+ * keeping the pages until it closes, as torch.multiprocessing needs (one
+ * share per tensor sent). importers 0 is xseg_share. A share for one
+ * importer is claimed: the importer that fetches it by pidfd seals a claim
+ * memfd with its pid and a nonce, and reads without waiting for this
+ * process, which serves that importer alone and keeps the pages for it
+ * until its request is served or it exits (also past xseg_unshare). */
 ssize_t xseg_share_for(void* ptr, int device, int importers, void* out, size_t cap);
 int xseg_unshare(const void* desc, size_t len);
 

@@ -148,6 +148,27 @@ def test_share_needs_a_shareable_allocator():
         xseg.free(p)
 
 
+def test_importers_out_of_range_names_the_range():
+    # Audit C, D6: "1048577 importers: invalid argument".
+    for n in (-1, (1 << 20) + 1):
+        with pytest.raises(xseg.XsegError, match=rf"importers {n}: want 0 to 1048576"):
+            xseg.share_block(0x1000, importers=n)
+
+
+def test_open_after_the_exporter_exited_is_one_line(spawn_py, run_py):
+    # Audit C, D6: each transport's failure stood on a line of its own
+    # ("pidfd_open(N): no such process\nsocket: dial ...") in the
+    # one-line text of xseg_last_error.
+    exp, desc = _start_exporter(spawn_py, importers=0)
+    exp.send("exit")
+    assert exp.finish()[0] == 0
+    got = last_json(run_py(IMPORTER, args=[desc]))
+    err = got.get("error")
+    assert err, got
+    assert "\n" not in err, err
+    assert "; socket: " in err, err
+
+
 def test_unshare_of_an_unknown_descriptor():
     with pytest.raises(xseg.XsegError):
         xseg.unshare(b"garbage")

@@ -451,10 +451,11 @@ _share_bufs = threading.local()
 
 def share_block(ptr: int, device: int = 0, importers: int = 0) -> bytes:
     """Share the live block that starts at ptr with other processes and
-    return its descriptor. importers > 0 ends the share by itself once that
-    many importers have opened it (each holds the pages until it closes);
-    0 keeps it until unshare(). The block's pages stay out of reuse while
-    the share is open or any importer holds them, even after free()."""
+    return its descriptor. importers > 0 (at most 2**20) ends the share by
+    itself once that many importers have opened it (each holds the pages
+    until it closes); 0 keeps it until unshare(). The block's pages stay
+    out of reuse while the share is open or any importer holds them, even
+    after free()."""
     buf = getattr(_share_bufs, "buf", None)
     if buf is None:
         buf = _share_bufs.buf = ctypes.create_string_buffer(DESC_CAP)
