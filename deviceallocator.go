@@ -22,6 +22,7 @@ type engine interface {
 	Pinned() int
 	AllocReusable(size uint64, s vmm.Stream) (vmm.DevicePtr, bool, error)
 	CountReused(ptr vmm.DevicePtr) error
+	SetOOMWaitHook(f func(waiting bool))
 	Device() vmm.Device
 	Driver() vmm.Driver
 	Config() Config
@@ -113,6 +114,13 @@ func (a *DeviceAllocator) RecordStream(ptr vmm.DevicePtr, s vmm.Stream) error {
 // EmptyCache gives every whole free page (segment, for fallback) back to
 // the driver.
 func (a *DeviceAllocator) EmptyCache() error { return a.e.EmptyCache() }
+
+// SetOOMWaitHook sets f (nil: none) to be called with true as an
+// allocation begins to wait or sleep in the OOM policy (Config.OOMWait,
+// Config.OOMMaxRetries) and with false as it stops, without the
+// allocator's lock: for a caller that defers frees, to apply them and
+// send its frees straight to Free while an allocation waits for them.
+func (a *DeviceAllocator) SetOOMWaitHook(f func(waiting bool)) { a.e.SetOOMWaitHook(f) }
 
 // Stats returns the current statistics.
 func (a *DeviceAllocator) Stats() Stats { return a.e.Stats() }

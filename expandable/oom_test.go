@@ -72,6 +72,50 @@ func TestOOMWaitsForFrees(t *testing.T) {
 	require.NoError(t, a.Free(q))
 }
 
+// TestOOMWaitHook: the hook hears each wait and sleep of the OOM policy
+// begin (true) and end (false), in pairs, without the allocator's lock: a
+// free from the hook itself (a deferred free applied there) ends the wait
+// at once under OOMWait, and lets the retry after the backoff's first
+// sleep succeed; a nil hook is none.
+func TestOOMWaitHook(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		set  func(*Config)
+	}{
+		{"wait", func(c *Config) { c.OOMWait = 20 * time.Second }},
+		{"retries", func(c *Config) { c.OOMMaxRetries, c.OOMDelay = 5, 300*time.Millisecond }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := vmmtest.HostDriver(t, 100<<20)
+			cfg := ClassicConfig()
+			c.set(&cfg)
+			a := newAlloc(t, d, cfg)
+			p, err := a.Alloc(60<<20, 0)
+			require.NoError(t, err)
+			var calls []bool
+			a.SetOOMWaitHook(func(waiting bool) {
+				calls = append(calls, waiting)
+				if waiting && p != 0 {
+					require.NoError(t, a.Free(p)) // takes the lock: the hook runs without it
+					p = 0
+				}
+			})
+			start := time.Now()
+			q, err := a.Alloc(60<<20, 0)
+			require.NoError(t, err)
+			require.Less(t, time.Since(start), time.Second, "the hook's free did not end the wait (or the first sleep)")
+			require.Equal(t, []bool{true, false}, calls)
+			require.NoError(t, a.Free(q))
+
+			a.SetOOMWaitHook(nil)
+			r, err := a.Alloc(60<<20, 0)
+			require.NoError(t, err)
+			require.NoError(t, a.Free(r))
+			require.Equal(t, []bool{true, false}, calls, "an allocation that found room waited")
+		})
+	}
+}
+
 func TestAllocAtMost(t *testing.T) {
 	d := vmmtest.HostDriver(t, 100<<20)
 	a := newAlloc(t, d, ClassicConfig())

@@ -159,6 +159,13 @@ func (a *Allocator) RecordStream(ptr vmm.DevicePtr, s vmm.Stream) error {
 // back to the driver (MemFree), and destroys idle events.
 func (a *Allocator) EmptyCache() error { return a.heap.EmptyCache() }
 
+// SetOOMWaitHook sets f (nil: none) to be called with true as an
+// allocation begins to wait or sleep in the OOM policy (Config.OOMWait,
+// Config.OOMMaxRetries) and with false as it stops, without the
+// allocator's lock: for a caller that defers frees, to apply them and
+// send its frees straight to Free while an allocation waits for them.
+func (a *Allocator) SetOOMWaitHook(f func(waiting bool)) { a.heap.SetOOMWaitHook(f) }
+
 // Stats returns the current statistics. ReservedBytes counts the segments
 // the allocator holds; PagesCreated and Unmaps count the plain
 // allocations made and freed.

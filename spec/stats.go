@@ -133,7 +133,10 @@ type Stats struct {
 	PageNanos int64 `json:"page_ns"`
 	// MemoryLimit is the cap on ReservedBytes (SetMemoryLimit,
 	// SetMemoryFraction), 0 when there is none: a setting, not a count.
-	MemoryLimit uint64 `json:"memory_limit_bytes"`
+	// MemoryLimitSet tells a cap of 0 bytes (a memory fraction of 0: no
+	// growth at all) from none.
+	MemoryLimit    uint64 `json:"memory_limit_bytes"`
+	MemoryLimitSet bool   `json:"memory_limit_set"`
 }
 
 // ResetAccumulated zeroes what only grows, as PyTorch's

@@ -34,7 +34,9 @@ import (
 // A full ring (XSEG_FQ_CAP frees and no call into Go between them) sends
 // the free that finds it full through Go at once, after the parked ones.
 // A configuration with a release threshold (release_threshold_mb), whose
-// pages go back at the free itself, turns the queue off (direct).
+// pages go back at the free itself, turns the queue off (direct), and so
+// does an allocation waiting in the OOM policy for as long as it waits
+// (oomWait).
 
 // fqApplied counts the parked frees applied (it wraps as the ring's tail
 // does), always a prefix of the ring: a drain publishes its chunk only
@@ -215,19 +217,59 @@ func fqTake(q *C.struct_xseg_fq, out []C.struct_xseg_fq_entry) (uint32, int) {
 	return h, k
 }
 
+// The queue's direct word (xseg_fq.direct) is a sum: directConfig while
+// the configuration turns the queue off (setFreesDirect), plus one for each
+// allocation waiting in the OOM policy (oomWait). Any of them sends every
+// xseg_free to Go at once.
+const directConfig = 1 << 24
+
+// directByConfig is whether setFreesDirect has added directConfig.
+var directByConfig atomic.Bool
+
+// addDirect adds n to the direct word.
+func addDirect(n int32) { atomic.AddInt32((*int32)(unsafe.Pointer(&C.xseg_fq.direct)), n) }
+
 // setFreesDirect turns the queue off (on: every xseg_free calls Go at
-// once) or back on.
+// once) or back on, as far as the configuration goes: an allocation
+// waiting in the OOM policy keeps it off until it stops.
 func setFreesDirect(on bool) {
-	v := int32(0)
-	if on {
-		v = 1
+	if directByConfig.Swap(on) == on {
+		return
 	}
-	atomic.StoreInt32((*int32)(unsafe.Pointer(&C.xseg_fq.direct)), v)
+	if on {
+		addDirect(directConfig)
+	} else {
+		addDirect(-directConfig)
+	}
+}
+
+// oomWait is every allocator's OOM wait hook (SetOOMWaitHook). A free
+// parked while an allocation waits for memory would stay parked until
+// some later call into the library: the allocation would sleep through
+// its whole wait, or every retry, and fail for memory already freed. So
+// as an allocation begins to wait, the queue goes direct, so that frees
+// reach Go (and wake it) at once, and the frees parked before are applied;
+// as it stops, the queue is on again unless another waits.
+func oomWait(waiting bool) {
+	if !waiting {
+		addDirect(-1)
+		return
+	}
+	addDirect(1)
+	drainFrees()
 }
 
 // parkFree parks a free as xseg_free does, for tests: false when the ring
 // is full or direct.
 func parkFree(ptr uint64, dev int) bool { return C.xseg_fq_push(C.uint64_t(ptr), C.int(dev)) != 0 }
+
+// freeAsC frees as xseg_free (shim.c) does, for tests: parked, or through
+// Go at once when the queue is full or direct.
+func freeAsC(ptr uint64, dev int) {
+	if !parkFree(ptr, dev) {
+		xsegGoFree(C.uintptr_t(ptr), 0, C.int(dev), 0)
+	}
+}
 
 // rememberBlock and takeBack call xseg_fq_remember and xseg_fq_take_back,
 // for tests.
@@ -242,4 +284,5 @@ func takeBack(size uint64, dev int, s vmm.Stream) uint64 {
 func init() {
 	newEpoch()
 	lib.onStart = func(releaseThreshold uint64) { setFreesDirect(releaseThreshold > 0) }
+	lib.oomWait = oomWait
 }

@@ -43,7 +43,8 @@ struct xseg_fq_recent {
 };
 
 /* lock is a spin lock (0 free, 1 held) over head, tail, buf and recent.
- * direct, when not 0, sends every free to Go at once. head counts the
+ * direct, when not 0, sends every free to Go at once (a sum: freequeue.go
+ * says of what). head counts the
  * entries taken, tail those parked; both wrap. epoch changes (atomically)
  * at the start and end of every call into Go but the plain allocation and
  * free; an entry of recent or buf made in another epoch is never taken back.

@@ -376,3 +376,59 @@ func TestTakeBackMatching(t *testing.T) {
 	require.Zero(t, takeBack(512, 0, s1))
 	setFreesDirect(false)
 }
+
+// TestFreeQueueOOMWait: an allocation waiting in the OOM policy (oom_wait_ms,
+// or the retries' backoff) gets the memory a free from another thread gives
+// back while it waits, through the real hook (oomWait), whether that free
+// was parked just before the wait began or made during it (the queue is
+// direct then). Before the hook, the parked free stayed parked: the
+// allocation waited out its whole time and failed. The queue is on again
+// once no allocation waits.
+func TestFreeQueueOOMWait(t *testing.T) {
+	for _, c := range []struct{ name, conf string }{
+		{"wait", "oom_wait_ms:20000"},
+		{"retries", "oom_max_retries:6,oom_delay_ms:500"},
+	} {
+		for _, before := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/parked-before-%v", c.name, before), func(t *testing.T) {
+				takeQueue(t)
+				l := hostLibrary(t, env{"XSEG_CONF": c.conf})
+				l.oomWait = oomWait
+				old := lib
+				lib = l // xsegGoFree and the drains apply frees to the process's library
+				t.Cleanup(func() { lib = old })
+
+				big, err := l.malloc(192<<20, 0, 0) // of the device's 256 MiB
+				require.NoError(t, err)
+				hold, err := l.malloc(32<<20, 0, 0)
+				require.NoError(t, err)
+				if before {
+					// Parked as the wait begins, before the queue goes
+					// direct: the allocation's own drain came earlier, so
+					// only the hook's drain applies it.
+					once := false
+					l.devs[0].Load().a.SetOOMWaitHook(func(waiting bool) {
+						if waiting && !once {
+							once = true
+							require.True(t, parkFree(uint64(big), 0))
+						}
+						oomWait(waiting)
+					})
+				} else {
+					go func() {
+						time.Sleep(200 * time.Millisecond)
+						freeAsC(uint64(big), 0)
+					}()
+				}
+				start := time.Now()
+				p, err := l.malloc(128<<20, 0, 0)
+				require.NoError(t, err, "the free made while the allocation waited did not reach it")
+				require.Less(t, time.Since(start), 10*time.Second)
+				require.NoError(t, l.free(p, 0))
+				require.NoError(t, l.free(hold, 0))
+				require.True(t, parkFree(1<<9, 0), "the queue stayed direct after the wait")
+				drainWith(func(uint64, int, bool) {})
+			})
+		}
+	}
+}

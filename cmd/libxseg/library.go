@@ -33,6 +33,10 @@ type library struct {
 	// once the library has started (the process's library: the free queue
 	// goes direct with a threshold, freequeue.go).
 	onStart func(releaseThreshold uint64)
+	// oomWait, if set, is every allocator's OOM wait hook (the process's
+	// library: the free queue goes direct while an allocation waits for
+	// memory, freequeue.go).
+	oomWait func(waiting bool)
 
 	level  *slog.LevelVar
 	log    *slog.Logger
@@ -109,6 +113,9 @@ func (l *library) openDevice(dev int) (*xseg.DeviceAllocator, error) {
 	a, err := xseg.Open(xseg.Options{Driver: l.mu.drv, Device: vmm.Device(dev), Config: &cfg, Logger: l.log})
 	if err != nil {
 		return nil, fmt.Errorf("opening the allocator of device %d: %w", dev, err)
+	}
+	if l.oomWait != nil {
+		a.SetOOMWaitHook(l.oomWait)
 	}
 	l.devs[dev].Store(&device{a: a})
 	l.log.Info("xseg: allocator ready", "device", dev, "backend", l.mu.drv.Backend())

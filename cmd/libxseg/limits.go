@@ -82,8 +82,8 @@ func (l *library) cacheInfo(dev int) (uint64, error) {
 	st := a.Stats()
 	reserved, active := uint64(max(0, st.ReservedBytes.All.Current)), uint64(max(0, st.ActiveBytes.All.Current))
 	n := free + reserved - min(reserved, active)
-	if lim := a.MemoryLimit(); lim > 0 {
-		n = min(n, lim-min(lim, active))
+	if lim := st.MemoryLimit; st.MemoryLimitSet {
+		n = min(n, lim-min(lim, active)) // a fraction of 0 too: nothing can grow
 	}
 	return n, nil
 }

@@ -139,6 +139,12 @@ extern "C" void xseg_release_pool(int device, xseg_pool_id id) {
 
 extern "C" int xseg_pool_route(int device, void* stream, unsigned long long* first, unsigned long long* second) {
 	XSEG_FORK_GUARD(-1);
+	if (first == nullptr || second == nullptr) {
+		// Refused whether or not a pool is active: a caller must not
+		// find out only once one is.
+		xsegGoSetError(const_cast<char*>("xseg_pool_route"), const_cast<char*>("first or second is NULL"));
+		return -1;
+	}
 	DeviceRoutes* r = routes_of(device);
 	if (r == nullptr || r->active.load(std::memory_order_acquire) == 0) {
 		return 0;
@@ -152,9 +158,12 @@ extern "C" int xseg_pool_route(int device, void* stream, unsigned long long* fir
 				return 1;
 			}
 		}
-	} catch (const std::exception&) {
+	} catch (const std::exception& e) {
+		std::string msg = std::string("a pool's stream filter threw: ") + e.what();
+		xsegGoSetError(const_cast<char*>("xseg_pool_route"), const_cast<char*>(msg.c_str()));
 		return -1;
 	} catch (...) {
+		xsegGoSetError(const_cast<char*>("xseg_pool_route"), const_cast<char*>("a pool's stream filter threw"));
 		return -1;
 	}
 	const std::thread::id self = std::this_thread::get_id();

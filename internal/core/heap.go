@@ -98,6 +98,8 @@ type heapMu struct {
 	pools    map[PoolID]*privatePool
 	routes   []route
 	deferred []*block
+	// waitHook is SetOOMWaitHook's function, nil when none.
+	waitHook func(waiting bool)
 	// tags are the pools of tags by name, nextTag the number of the
 	// next one's id (tags.go).
 	tags     map[string]*privatePool

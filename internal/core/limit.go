@@ -111,7 +111,7 @@ func (h *Heap) setLimit(lim memLimit) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.mu.memLimit = lim
-	h.mu.stats.MemoryLimit = lim.bytes
+	h.mu.stats.MemoryLimit, h.mu.stats.MemoryLimitSet = lim.bytes, lim.on
 }
 
 // MemoryLimit returns the cap on reserved bytes, 0 when there is none. A

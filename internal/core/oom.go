@@ -108,14 +108,41 @@ func BackoffDelay(base time.Duration, i int) time.Duration {
 // sleepUnlocked releases the lock for delay, or until Close, and takes it
 // again. The caller checks h.mu.closed afterwards.
 func (h *Heap) sleepUnlocked(delay time.Duration) {
+	hook := h.mu.waitHook
 	h.mu.Unlock()
 	defer h.mu.Lock()
+	defer waiting(hook)()
 	t := time.NewTimer(delay)
 	defer t.Stop()
 	select {
 	case <-t.C:
 	case <-h.done:
 	}
+}
+
+// SetOOMWaitHook sets f (nil: none) to be called, without the Heap's
+// lock, with true as an allocation begins to wait or sleep in the OOM
+// policy (OOMWait, the OOMMaxRetries backoff) and with false as it stops,
+// before it looks for room again. It is for a front end that defers
+// frees (libxseg's free queue): it must apply them there, and send its
+// frees straight to Free until the matching call with false, or the
+// allocation would wait for memory already freed. f may call the Heap
+// (Free above all); it runs on the waiting goroutine, so it must not wait
+// for that allocation.
+func (h *Heap) SetOOMWaitHook(f func(waiting bool)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.mu.waitHook = f
+}
+
+// waiting calls hook(true) and returns what calls hook(false), for a
+// wait of the OOM policy; both do nothing for a nil hook.
+func waiting(hook func(bool)) func() {
+	if hook == nil {
+		return func() {}
+	}
+	hook(true)
+	return func() { hook(false) }
 }
 
 // wakeLocked wakes every allocation waiting in the OOM policy, for Close:
@@ -171,13 +198,16 @@ func (h *Heap) waitForFreesLocked(st *state, rs, req uint64) (*block, error) {
 			h.mu.freed = make(chan struct{})
 		}
 		ch := h.mu.freed
+		hook := h.mu.waitHook
 		h.mu.Unlock()
+		stop := waiting(hook)
 		timedOut := false
 		select {
 		case <-ch:
 		case <-timer.C:
 			timedOut = true
 		}
+		stop()
 		h.mu.Lock()
 		if h.mu.closed {
 			return nil, vmm.ErrClosed // allocSlowLocked's wrapAlloc names the request

@@ -802,8 +802,12 @@ def _patch_torch(torch: Any) -> None:
 
 
 def _fraction_or_one(device: int) -> float:
+    """torch.cuda.get_per_process_memory_fraction under xseg: the fraction
+    set (0.0 too, which allows no growth), 1.0 when there is no limit."""
     f = _lib.memory_fraction(device)
-    return f if f > 0 else 1.0
+    if f > 0:
+        return f
+    return 0.0 if _lib.raw_stats(device).get("memory_limit_set") else 1.0
 
 
 def uninstall() -> None:

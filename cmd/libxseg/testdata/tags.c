@@ -29,6 +29,7 @@ SYM(xseg_pause)
 SYM(xseg_resume)
 SYM(xseg_tag_stats_json)
 SYM(xseg_tags_json)
+SYM(xseg_pool_route)
 
 static void load(const char* path) {
 	void* h = open_common(path);
@@ -36,7 +37,7 @@ static void load(const char* path) {
 	LOAD(h, xseg_pool_json) LOAD(h, xseg_configure)
 	LOAD(h, xseg_share) LOAD(h, xseg_unshare) LOAD(h, xseg_tag) LOAD(h, xseg_begin_region)
 	LOAD(h, xseg_end_region) LOAD(h, xseg_pause) LOAD(h, xseg_resume) LOAD(h, xseg_tag_stats_json)
-	LOAD(h, xseg_tags_json)
+	LOAD(h, xseg_tags_json) LOAD(h, xseg_pool_route)
 }
 
 
@@ -114,6 +115,7 @@ static void bad_args(void) {
 	CHECK(p_xseg_tag(70, "w", &f, &s) == -1 && error_has("device 70"), "a device out of range");
 	CHECK(f == 7 && s == 7, "a failed xseg_tag wrote its id");
 	CHECK(p_xseg_begin_region(0, NULL) == -1 && error_has("NULL"), "region with a NULL name");
+	CHECK(p_xseg_pool_route(0, NULL, NULL, NULL) == -1 && error_has("NULL"), "pool_route with NULL out-parameters");
 	CHECK(p_xseg_begin_region(-1, "w") == -1 && error_has("device -1"), "region on device -1");
 	CHECK(p_xseg_end_region(0) == -1 && error_has("no region is open on this thread"), "end without a region");
 	CHECK(p_xseg_end_region(99) == -1 && error_has("device 99 out of range"), "end on a bad device");
@@ -157,6 +159,12 @@ static void pause_resume(void) {
 	pthread_join(t, &routed);
 	CHECK(routed == NULL, "another thread's allocation went to the region's tag (%ld)", (long)routed);
 	// Nesting: the innermost region wins, ending it goes back to the outer.
+	// NULL out-parameters are refused, not written through, while a
+	// region routes (they were: a crash) and while nothing does.
+	unsigned long long rf = 0, rs = 0;
+	CHECK(p_xseg_pool_route(0, NULL, &rf, &rs) == 1 && rf == wf && rs == ws, "the open region routes");
+	CHECK(p_xseg_pool_route(0, NULL, NULL, NULL) == -1 && error_has("NULL"), "pool_route with NULL out-parameters in a region");
+	CHECK(p_xseg_pool_route(0, NULL, &rf, NULL) == -1 && error_has("NULL"), "pool_route with a NULL second in a region");
 	CHECK(p_xseg_begin_region(0, "kv") == 0, "begin region kv inside weights");
 	unsigned char* kv = p_xseg_malloc((ssize_t)kn, 0, NULL);
 	CHECK(p_xseg_end_region(0) == 0, "end kv");
