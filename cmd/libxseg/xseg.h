@@ -116,7 +116,10 @@ void* xseg_malloc_at_most(size_t max, size_t min, int device, void* stream, size
  * return records an error and changes nothing. The free takes effect at
  * the next call of any function here from any thread (each applies the
  * frees made before it, before its own work), or at once when 256 frees
- * are waiting or release_threshold_mb is set; so a bad free's error is
+ * are waiting, release_threshold_mb is set, or an allocation is waiting
+ * for memory (oom_wait_ms, oom_max_retries: the frees made before it began
+ * to wait are applied then, so a free on another thread reaches it while
+ * it waits, as xseg_free_block's would); so a bad free's error is
  * there for xseg_last_error right after, as before. Until then, an
  * xseg_malloc (or xseg_malloc_or_throw) of exactly the size a block
  * smaller than a page was allocated for, on the same device and stream,
@@ -223,7 +226,8 @@ int xseg_open_wait(int64_t handle);
 
 /* Private pools from C. xseg_pool_route reports whether an allocation on
  * stream of device belongs to an active pool (1, with its id in *first and
- * *second), not (0), or a filter failed (-1); xseg_malloc routes with it.
+ * *second), not (0), or a filter failed or first or second is NULL (-1,
+ * the reason in xseg_thread_error); xseg_malloc routes with it.
  * xseg_malloc_in_pool allocates from pool (first, second), which must be
  * retained, NULL on failure. xseg_pool_json returns the addresses of the
  * blocks allocated in a pool (checkpoint 0: a JSON array) or a checkpoint
@@ -258,7 +262,8 @@ int xseg_pool_release(int device, unsigned long long first, unsigned long long s
  * fraction set, if set as one; 0 when there is no limit) and returns 0, or
  * -1 (bad device, out NULL). xseg_set_memory_limit sets the limit in bytes
  * (0: none); 0 or -1. The limit in bytes is "memory_limit_bytes" in
- * xseg_stats_json. */
+ * xseg_stats_json, and "memory_limit_set" there tells a limit of 0 bytes
+ * (a fraction of 0) from none. */
 void xseg_set_memory_fraction(double fraction, int device);
 /* xseg_cache_info writes to *largest an estimate of the largest block one
  * allocation on device could get now (what PyTorch's cacheInfo reports):

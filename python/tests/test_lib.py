@@ -752,15 +752,26 @@ def test_cache_info(run_py):
 
 
 def test_memory_fraction_zero_allows_no_growth(run_py):
+    # A fraction of 0 is a limit of 0 bytes, not "no limit": the stats say
+    # a limit is set, cache_info (cuDNN's workspace bound) offers nothing
+    # and torch.cuda.get_per_process_memory_fraction reads 0.0, as under
+    # PyTorch's own allocator; with no limit it reads 1.0.
     proc = run_py("""
+        from xseg import _torch
+        out = {"none": [_torch._fraction_or_one(0), xseg.stats()["memory_limit_set"]]}
         xseg.set_memory_fraction(0.0, 0)
+        out["zero"] = [_torch._fraction_or_one(0), xseg.stats()["memory_limit_set"], xseg.cache_info(0)]
         try:
             xseg.malloc(MiB)
-            print(json.dumps(None))
+            out["err"] = None
         except xseg.OutOfMemoryError as e:
-            print(json.dumps(str(e)))
+            out["err"] = str(e)
+        print(json.dumps(out))
     """)
-    assert "limit" in (last_json(proc) or "")
+    out = last_json(proc)
+    assert "limit" in (out["err"] or "")
+    assert out["none"] == [1.0, False]
+    assert out["zero"] == [0.0, True, 0]
 
 
 def test_history_records_allocations(run_py):
