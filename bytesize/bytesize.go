@@ -18,6 +18,7 @@ package bytesize
 import (
 	"errors"
 	"fmt"
+	"math/big"
 	"strconv"
 	"strings"
 
@@ -31,8 +32,9 @@ const Syntax = "a number of bytes with an optional unit, e.g. 24GiB, 512MiB or 1
 var ErrSyntax = errors.New("not a byte size")
 
 // Parse reads a size such as 24GiB, 512 MiB, 1.5TB or 1000000. A sign, a
-// number too large for 64 bits or an unknown unit is an error that wraps
-// ErrSyntax.
+// number too large for 64 bits, an unknown unit or a size that is not a
+// whole number of bytes (2097152.9, 1.0000000001GiB) is an error that
+// wraps ErrSyntax.
 func Parse(s string) (uint64, error) {
 	t := strings.TrimSpace(s)
 	switch {
@@ -48,11 +50,44 @@ func Parse(s string) (uint64, error) {
 	n, err := humanize.ParseBytes(t)
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "too large") {
-			return 0, fmt.Errorf("%w: larger than %s", ErrSyntax, Format(1<<64-1))
+			return 0, tooLarge()
 		}
 		return 0, fmt.Errorf("%w (want %s)", ErrSyntax, Syntax)
 	}
-	return n, nil
+	if !strings.Contains(t, ".") {
+		return n, nil // humanize reads whole numbers exactly
+	}
+	return whole(t)
+}
+
+func tooLarge() error { return fmt.Errorf("%w: larger than %s", ErrSyntax, Format(1<<64-1)) }
+
+// whole is the size t, a number with a fraction that humanize.ParseBytes
+// has accepted, if it is a whole number of bytes. ParseBytes multiplies
+// such a number by its unit in float64 and truncates: 2097152.9 would be
+// 2097152, 1.0000000001GiB 1GiB, and 4.35MB 4349999. humanize's
+// ParseBigBytes reads the same syntax and multiplies exactly, but
+// truncates too; whole takes its size and checks that t's number (read
+// by big.Rat) times t's unit (ParseBigBytes of 1 of it) has no fraction.
+func whole(t string) (uint64, error) {
+	// humanize's number is the leading digits, dots and commas.
+	end := strings.IndexFunc(t, func(r rune) bool { return (r < '0' || r > '9') && r != '.' && r != ',' })
+	if end < 0 {
+		end = len(t)
+	}
+	num, ok := new(big.Rat).SetString(strings.ReplaceAll(t[:end], ",", ""))
+	size, err := humanize.ParseBigBytes(t)
+	unit, uerr := humanize.ParseBigBytes("1" + t[end:])
+	switch {
+	case !ok || err != nil || uerr != nil:
+		return 0, fmt.Errorf("%w (want %s)", ErrSyntax, Syntax)
+	case !size.IsUint64():
+		return 0, tooLarge()
+	case !num.Mul(num, new(big.Rat).SetInt(unit)).IsInt():
+		return 0, fmt.Errorf("%w: not a whole number of bytes: between %d and %s",
+			ErrSyntax, size.Uint64(), new(big.Int).Add(size, big.NewInt(1)))
+	}
+	return size.Uint64(), nil
 }
 
 // Format writes n with a binary unit and up to four significant digits,

@@ -25,6 +25,12 @@ func TestParse(t *testing.T) {
 		"24G":                  24e9, // humanize: a bare G is SI
 		"18446744073709551615": 1<<64 - 1,
 		"15EiB":                15 << 60,
+		// Decimals that make whole bytes, in exact arithmetic: 4.35 *
+		// 10^6 in float64 is 4349999.999..., which humanize truncates.
+		"4.35MB":   4350000,
+		"2.0":      2,
+		"1,000.5K": 1000500,
+		"0.001KB":  1,
 	} {
 		got, err := Parse(in)
 		require.NoError(t, err, in)
@@ -45,6 +51,11 @@ func TestParse(t *testing.T) {
 		"18446744073709551616": "larger than 16 EiB",
 		"17179869184GiB":       "larger than 16 EiB",
 		"16EiB":                "larger than 16 EiB",
+		// Sizes that are not whole bytes were truncated.
+		"2097152.9":                   "not a whole number of bytes: between 2097152 and 2097153",
+		"1.0000000001GiB":             "not a whole number of bytes: between 1073741824 and 1073741825",
+		"0.5":                         "not a whole number of bytes: between 0 and 1",
+		"1.0000000000000000000001KiB": "not a whole number of bytes: between 1024 and 1025",
 	} {
 		_, err := Parse(in)
 		require.ErrorIs(t, err, ErrSyntax, in)

@@ -46,6 +46,9 @@ func TestFlagErrorsNameTheFlag(t *testing.T) {
 		{[]string{"replay", "--capacity", "24", tr}, "xseg: --capacity 24: 24 bytes is not a multiple of the granularity 2 MiB; did you mean 24GiB?"},
 		{[]string{"replay", "--capacity", "lots", tr}, "xseg: --capacity lots: not a byte size (want " + bytesize.Syntax + ")"},
 		{[]string{"info", "--capacity", "-2GiB"}, "xseg: --capacity -2GiB: not a byte size: negative"},
+		// Fractions of a byte were dropped: 2 MiB and 1 GiB.
+		{[]string{"info", "--capacity", "2097152.9"}, "xseg: --capacity 2097152.9: not a byte size: not a whole number of bytes: between 2097152 and 2097153"},
+		{[]string{"replay", "--capacity", "1.0000000001GiB", tr}, "xseg: --capacity 1.0000000001GiB: not a byte size: not a whole number of bytes: between 1073741824 and 1073741825"},
 		{[]string{"replay", "--backend", "rocm", tr}, `xseg: --backend rocm: "rocm" is not one of auto, host, cuda`},
 		{[]string{"replay", "--backend", "host", "--device", "3", tr}, "xseg: --device 3: the host backend has 1 device, ordinal 0: invalid argument"},
 		{[]string{"replay", "--backend", "host", "--device", "-1", tr}, "xseg: --device -1: the host backend has 1 device, ordinal 0: invalid argument"},
