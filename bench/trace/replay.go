@@ -62,9 +62,11 @@ type Result struct {
 	Retired int64 `json:"retired"`
 	Retries int64 `json:"retries"`
 	OOMs    int64 `json:"ooms"`
-	// LateMaps are the pages mapped over the second half of the events
-	// (Maps at the end less Maps at the middle event; 0 if the replay
-	// stopped before it): a loop whose layout has settled maps none
+	// LateMaps are the pages mapped over the second half of the events:
+	// by the events after the first N/2 of N (N/2 rounded down, and at
+	// least 1, so that a trace of one event has no second half and no
+	// late maps); Maps at the end less Maps at that point, 0 if the
+	// replay stopped before it. A loop whose layout has settled maps none
 	// there, one whose layout moves every step keeps mapping
 	// (policy:steady is for such loops). A trace whose live memory still
 	// grows in its second half maps there too.
@@ -116,10 +118,10 @@ func Replay(t *Trace, a Allocator, opt Options) (Result, error) {
 }
 
 // run is the timed loop. It sets *mid to the allocator's Maps when it
-// reaches the middle event.
+// reaches the second half of the events (Result.LateMaps).
 func run(t *Trace, a Allocator, streams []vmm.Stream, ptrs []vmm.DevicePtr, res *Result, mid *int64, opt Options) error {
 	progress, sample, every := opt.Progress, opt.Sample, max(opt.SampleEvery, 1)
-	half := len(t.Events) / 2
+	half := max(len(t.Events)/2, 1)
 	for i := range t.Events {
 		if i == half {
 			*mid = a.Stats().Maps

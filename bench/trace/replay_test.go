@@ -86,6 +86,28 @@ func TestReplay(t *testing.T) {
 	require.Equal(t, []int{7}, progress)
 }
 
+// TestReplayLateMapsShortTraces: late maps are those of the events after
+// the first N/2 (rounded down, at least 1) of N. A trace of one event
+// counted its only map as late: N/2 is 0, so its "second half" was the
+// whole trace.
+func TestReplayLateMapsShortTraces(t *testing.T) {
+	for _, c := range []struct {
+		trace      string
+		maps, late int64
+	}{
+		{"a 1 512 0\n", 1, 0},
+		{"a 1 512 0\na 2 512 0\n", 2, 1},
+		{"a 1 512 0\na 2 512 0\na 3 512 0\n", 3, 2},
+		{"a 1 512 0\na 2 512 0\na 3 512 0\na 4 512 0\n", 4, 2},
+		{"", 0, 0},
+	} {
+		res, err := Replay(parse(t, c.trace), newFake(), Options{})
+		require.NoError(t, err)
+		require.Equal(t, c.maps, res.Maps, "%q", c.trace)
+		require.Equal(t, c.late, res.LateMaps, "%q", c.trace)
+	}
+}
+
 func TestReplayJSONKeys(t *testing.T) {
 	b, err := json.Marshal(Result{FailedAllocs: 3, FirstFailure: errors.New("x")})
 	require.NoError(t, err)

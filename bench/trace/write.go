@@ -73,8 +73,11 @@ func WriteFile(path string, t *Trace) (err error) {
 		return t.Write(f)
 	}
 	zw := gzip.NewWriter(f)
-	if err := t.Write(zw); err != nil {
-		return errors.Join(err, zw.Close())
+	err = t.Write(zw)
+	// Close flushes; after a failed write it returns that write's error
+	// again (the gzip writer's errors are sticky), which err says already.
+	if cerr := zw.Close(); cerr != nil && !errors.Is(err, cerr) {
+		err = errors.Join(err, cerr)
 	}
-	return zw.Close()
+	return err
 }
