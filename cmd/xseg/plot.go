@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/dustin/go-humanize"
@@ -47,10 +49,12 @@ type plotSeries struct {
 	res            trace.Result
 }
 
-// newTracePlot checks path before any replay: an extension the plot
-// library can write, and a folder where a file can be created. It
-// returns nil for no path.
-func newTracePlot(path string, traces int) (*tracePlot, error) {
+// newTracePlot checks path before any replay, for a plot of each of
+// traces (their paths): an extension the plot library can write, a folder
+// where a file can be created, and no file it will write that is a
+// folder or may not be written (checkPlotFile). It returns nil for no
+// path.
+func newTracePlot(path string, traces []string) (*tracePlot, error) {
 	if path == "" {
 		return nil, nil
 	}
@@ -68,7 +72,41 @@ func newTracePlot(path string, traces int) (*tracePlot, error) {
 	if errs != nil {
 		return nil, fmt.Errorf("--plot %s: %w", path, errs)
 	}
-	return &tracePlot{path: path, multi: traces > 1}, nil
+	p := &tracePlot{path: path, multi: len(traces) > 1}
+	// The files the plots will have, named as sampler names them (a trace
+	// that fails before its plot is sampled only frees a name).
+	var names []string
+	for _, tr := range traces {
+		name := uniqueName(traceName(tr), func(n string) bool { return slices.Contains(names, n) })
+		names = append(names, name)
+		file := plotPath(path, name, p.multi)
+		if err := checkPlotFile(file); err != nil {
+			return nil, fmt.Errorf("--plot %s: %w", file, err)
+		}
+	}
+	return p, nil
+}
+
+// checkPlotFile fails if a plot cannot be written to path, which may not
+// exist: a folder, something other than a regular file, or a file that
+// may not be written (opened for writing, and left as it was, to know).
+func checkPlotFile(path string) error {
+	st, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil // its folder is checked
+	case err != nil:
+		return err
+	case st.IsDir():
+		return errors.New("is a directory")
+	case !st.Mode().IsRegular():
+		return errors.New("not a regular file")
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // sampler returns the trace.Options fields that sample a's live
@@ -78,18 +116,18 @@ func (p *tracePlot) sampler(t *trace.Trace, a trace.Allocator) (func(int), int) 
 	if p == nil {
 		return nil, 0
 	}
-	s := &plotSeries{name: p.uniqueName(traceName(t.Name)), every: max((len(t.Events)+plotPoints-1)/plotPoints, 1), last: len(t.Events)}
+	taken := func(n string) bool {
+		return slices.ContainsFunc(p.series, func(s *plotSeries) bool { return s.name == n })
+	}
+	s := &plotSeries{name: uniqueName(traceName(t.Name), taken), every: max((len(t.Events)+plotPoints-1)/plotPoints, 1), last: len(t.Events)}
 	p.series = append(p.series, s)
 	return s.add(a), 1
 }
 
-// uniqueName is name, or name-2, name-3, ... if a series has it already:
+// uniqueName is name, or name-2, name-3, ... if name is taken already:
 // traces of one file name in two folders (or a.trace and a.trace.gz) get
-// a file each.
-func (p *tracePlot) uniqueName(name string) string {
-	taken := func(n string) bool {
-		return slices.ContainsFunc(p.series, func(s *plotSeries) bool { return s.name == n })
-	}
+// a plot file each, and --write-variants files of their own.
+func uniqueName(name string, taken func(string) bool) string {
 	unique := name
 	for i := 2; taken(unique); i++ {
 		unique = fmt.Sprintf("%s-%d", name, i)
@@ -174,7 +212,7 @@ func (s *plotSeries) draw(path, setup string) error {
 	p.X.Label.Text = eventAxis
 	p.Y.Label.Text = "bytes"
 	p.X.Tick.Marker = labelAll{format: func(v float64) string { return humanize.Comma(int64(v)) }}
-	p.Y.Tick.Marker = labelAll{format: func(v float64) string { return bytesize.Format(uint64(v * gib)) }}
+	p.Y.Tick.Marker = labelAll{format: sizeLabel}
 	top := max(float64(s.res.PeakReserved), float64(s.res.PeakLive)) / gib
 	for _, l := range [][]plotter.XY{s.live, s.reserved} {
 		for _, xy := range l {
@@ -209,7 +247,53 @@ func (s *plotSeries) draw(path, setup string) error {
 		p.Add(peak)
 	}
 	p.Legend.Top, p.Legend.Left = true, true
-	return p.Save(9*vg.Inch, 4.5*vg.Inch, path)
+	return save(p, path)
+}
+
+// sizeLabel is the label of the y axis's tick at v GiB, as
+// bytesize.Format writes sizes; in EiB from 16 EiB on, where the axis
+// goes above a peak near 2^64 bytes and no uint64 holds the size.
+func sizeLabel(v float64) string {
+	if b := v * gib; b < 1<<64 {
+		return bytesize.Format(uint64(max(b, 0)))
+	}
+	return strconv.FormatFloat(v/(1<<30), 'g', 4, 64) + " EiB"
+}
+
+// save writes p as an image at path (its extension picks the format)
+// through a temporary file in path's folder, renamed over path once
+// whole: a failed write (a full disk) leaves no partial image, and a plot
+// already at path is kept until the new one replaces it, with its mode
+// (0644 for a new file). An existing link is followed: its target is
+// replaced.
+func save(p *plot.Plot, path string) error {
+	if err := checkPlotFile(path); err != nil {
+		return err
+	}
+	if target, err := filepath.EvalSymlinks(path); err == nil {
+		path = target
+	}
+	w, err := p.WriterTo(9*vg.Inch, 4.5*vg.Inch, strings.TrimPrefix(strings.ToLower(filepath.Ext(path)), "."))
+	if err != nil {
+		return err
+	}
+	mode := fs.FileMode(0o644)
+	if st, err := os.Stat(path); err == nil {
+		mode = st.Mode().Perm()
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".xseg-plot-*")
+	if err != nil {
+		return err
+	}
+	_, err = w.WriteTo(tmp)
+	err = errors.Join(err, tmp.Chmod(mode), tmp.Close())
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		return errors.Join(err, os.Remove(tmp.Name()))
+	}
+	return nil
 }
 
 // niceCeil rounds v (GiB) up to a multiple of a step of 1, 2 or 5 times a

@@ -5,15 +5,17 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/dustin/go-humanize"
 	"github.com/stretchr/testify/require"
+	"gonum.org/v1/plot/plotter"
 
 	"github.com/xseg-dev/xseg"
 	"github.com/xseg-dev/xseg/bench/trace"
-	"github.com/xseg-dev/xseg/bytesize"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -53,18 +55,9 @@ func requirePNG(t *testing.T, path string) {
 // TestPlotSamples checks the points: each the highest of its run of
 // events, so the peak of live bytes is on the line.
 func TestPlotSamples(t *testing.T) {
-	tr, err := trace.Parse("synthetic", strings.NewReader(synthetic))
-	require.NoError(t, err)
-	a, err := xseg.Open(xseg.Options{Backend: "host", HostCapacity: 1 << 30})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, a.Close()) }()
-	p, err := newTracePlot(filepath.Join(t.TempDir(), "x.png"), 1)
-	require.NoError(t, err)
-	sample, every := p.sampler(tr, a)
-	require.Equal(t, 1, every)
-	_, err = trace.Replay(tr, a, trace.Options{Sample: sample, SampleEvery: every})
-	require.NoError(t, err)
+	p, tr := replayedPlot(t, filepath.Join(t.TempDir(), "x.png"))
 	s := p.series[0]
+	require.Equal(t, 1, s.every)
 	require.Len(t, s.live, len(tr.Events), "a point per event for a short trace")
 	top := 0.0
 	for _, xy := range s.live {
@@ -73,10 +66,10 @@ func TestPlotSamples(t *testing.T) {
 	require.InDelta(t, float64(syntheticPeak)/(1<<30), top, 1e-12)
 	require.Equal(t, float64(len(tr.Events)), s.live[len(s.live)-1].X)
 
-	none, err := newTracePlot("", 1)
+	none, err := newTracePlot("", []string{tr.Name})
 	require.NoError(t, err)
 	require.Nil(t, none)
-	f, n := none.sampler(tr, a)
+	f, n := none.sampler(tr, nil)
 	require.Nil(t, f)
 	require.Zero(t, n)
 	none.result(trace.Result{})
@@ -118,7 +111,7 @@ func TestPlotPathCheckedFirst(t *testing.T) {
 // TestPlotTicksAndTitle: every tick of both axes is labelled, sizes with
 // their unit, events with thousands separators.
 func TestPlotTicksAndTitle(t *testing.T) {
-	y := labelAll{format: func(v float64) string { return bytesize.Format(uint64(v * gib)) }}
+	y := labelAll{format: sizeLabel}
 	ticks := y.Ticks(0, 27.5)
 	var labels []string
 	for _, tk := range ticks {
@@ -196,4 +189,91 @@ func TestPlotSameNames(t *testing.T) {
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.Len(t, entries, 3)
+}
+
+// replayedPlot is the plot, for path, of a replay of the synthetic trace,
+// and the trace.
+func replayedPlot(t *testing.T, path string) (*tracePlot, *trace.Trace) {
+	t.Helper()
+	tr, err := trace.Parse("synthetic", strings.NewReader(synthetic))
+	require.NoError(t, err)
+	a, err := xseg.Open(xseg.Options{Backend: "host", HostCapacity: 1 << 30})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, a.Close()) }()
+	p, err := newTracePlot(path, []string{tr.Name})
+	require.NoError(t, err)
+	sample, every := p.sampler(tr, a)
+	res, err := trace.Replay(tr, a, trace.Options{Sample: sample, SampleEvery: every})
+	require.NoError(t, err)
+	p.result(res)
+	return p, tr
+}
+
+// TestPlotPathThatCannotBeWritten: a --plot path that is a folder, or an
+// existing file that may not be written, failed only after the whole
+// replay, although the path is documented as checked before it. Each
+// final path (one per trace with several traces) is checked first, and
+// an existing file is left as it was.
+func TestPlotPathThatCannotBeWritten(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing.trace") // never read
+	folder := filepath.Join(dir, "folder.png")
+	require.NoError(t, os.Mkdir(folder, 0o755))
+	_, _, err := run(t, "replay", "--backend", "host", "--plot", folder, missing)
+	require.EqualError(t, err, "--plot "+folder+": is a directory")
+
+	// With several traces, the second trace's file is the folder.
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "out.x-2.png"), 0o755))
+	out := filepath.Join(dir, "out.png")
+	_, _, err = run(t, "replay", "--backend", "host", "--plot", out, filepath.Join(dir, "a", "x.trace"), missing, filepath.Join(dir, "b", "x.trace"))
+	require.EqualError(t, err, "--plot "+filepath.Join(dir, "out.x-2.png")+": is a directory")
+
+	if os.Getuid() != 0 { // root writes any file
+		ro := filepath.Join(dir, "ro.png")
+		require.NoError(t, os.WriteFile(ro, []byte("mine"), 0o444))
+		_, _, err = run(t, "replay", "--backend", "host", "--plot", ro, missing)
+		require.ErrorIs(t, err, os.ErrPermission)
+		require.ErrorContains(t, err, "--plot "+ro+": ")
+		got, err := os.ReadFile(ro)
+		require.NoError(t, err)
+		require.Equal(t, "mine", string(got))
+	}
+	// A writable file is accepted and left as it was until the plot is
+	// written: here the trace is missing, so it never is.
+	mine := filepath.Join(dir, "mine.png")
+	require.NoError(t, os.WriteFile(mine, []byte("mine"), 0o644))
+	_, _, err = run(t, "replay", "--backend", "host", "--plot", mine, missing)
+	require.ErrorContains(t, err, "missing.trace")
+	got, err := os.ReadFile(mine)
+	require.NoError(t, err)
+	require.Equal(t, "mine", string(got))
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		require.Contains(t, []string{"folder.png", "out.x-2.png", "ro.png", "mine.png"}, e.Name(), "left behind")
+	}
+}
+
+// TestPlotTicksPast16EiB: the y axis of a peak near 2^64 bytes goes past
+// 16 EiB, and its labels wrapped (uint64 of a float past 2^64): 14.9,
+// 13.04 ... EiB, then "8 EiB" for every tick above 16 EiB.
+func TestPlotTicksPast16EiB(t *testing.T) {
+	const peak = 1<<64 - 2<<20
+	s := &plotSeries{name: "huge", every: 1, last: 2, res: trace.Result{PeakLive: peak, PeakReserved: peak, Ratio: 1},
+		live:     plotter.XYs{{X: 1, Y: float64(peak) / gib}, {X: 2, Y: 0}},
+		reserved: plotter.XYs{{X: 1, Y: float64(peak) / gib}, {X: 2, Y: 0}}}
+	path := filepath.Join(t.TempDir(), "huge.svg")
+	require.NoError(t, s.draw(path, "host"))
+	svg, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var eib []float64
+	for _, m := range regexp.MustCompile(`>([0-9.]+) EiB<`).FindAllStringSubmatch(string(svg), -1) {
+		v, err := strconv.ParseFloat(m[1], 64)
+		require.NoError(t, err)
+		eib = append(eib, v)
+	}
+	require.GreaterOrEqual(t, len(eib), 3, string(svg))
+	slices.Sort(eib)
+	require.Greater(t, eib[len(eib)-1], 16.0, "ticks past 16 EiB: %v", eib)
+	require.Equal(t, len(eib), len(slices.Compact(slices.Clone(eib))), "no label twice: %v", eib)
 }

@@ -48,9 +48,11 @@ func newReplayCmd(stdout, stderr io.Writer) *cobra.Command {
 drives a fresh allocator with its events and reports, per trace: events, the
 trace's peak of live bytes, the allocator's peak of reserved bytes, their
 ratio (peak reserved / peak live: 1.0 wastes nothing), nanoseconds per event,
-pages mapped (in all, and "late": over the second half of the events, where
-a loop whose layout has settled maps nothing and one that moves pages every
-step keeps mapping; policy:steady is for such loops) and unmapped,
+pages mapped (in all, and "late": over the second half of the events, the
+events after the first N/2 of N, N/2 rounded down and at least 1, so that a
+trace of one event has none; a loop whose layout has settled maps nothing
+late and one that moves pages every step keeps mapping; policy:steady is
+for such loops) and unmapped,
 allocation retries and out-of-memory errors. The
 ratio shows n/a (OOM) for a replay with failed allocations, and n/a for a
 trace that never holds a live byte (empty, or 0-byte allocations only;
@@ -72,13 +74,18 @@ variant's allocations failed, with the first such variant's seed); --json adds t
 field "variants", one result (with its "seed") per variant. A policy whose
 ratio holds only for the exact trace shows there. --write-variants DIR also
 writes each variant into DIR as NAME.seed<S>.trace.gz (never over an
-existing file), for another allocator to replay the same variant.`,
+existing file), for another allocator to replay the same variant: NAME is
+the trace's file name without its folder, ".gz" and ".trace"; a second
+trace of that NAME in the run (a/x.trace and b/x.trace, or x.trace and
+x.trace.gz) gets NAME-2.seed<S>.trace.gz, a third NAME-3, and so on.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, paths []string) error {
+			// Every error from here on is one line that names its flag
+			// or trace; the usage text would bury it (see flagError).
+			cmd.SilenceUsage = true
 			if err := checkPerturbFlags(cmd, f); err != nil {
 				return err
 			}
-			cmd.SilenceUsage = true
 			return runReplay(f, paths, stdout, stderr)
 		},
 	}
@@ -94,7 +101,7 @@ existing file), for another allocator to replay the same variant.`,
 	fl.IntVar(&f.perturb, "perturb", 0, "also replay `N` perturbed variants of each trace and report their worst ratio")
 	fl.Var((*seedFlag)(&f.seed), "seed", "with --perturb, the seed `S` of the first variant; the others follow it")
 	fl.Float64Var(&f.jitter, "jitter", trace.DefaultJitter, "with --perturb, the largest fraction `F` by which a size is raised")
-	fl.StringVar(&f.writeVariants, "write-variants", "", "with --perturb, also write each variant into `DIR` as NAME.seed<S>.trace.gz (an existing file is not replaced)")
+	fl.StringVar(&f.writeVariants, "write-variants", "", "with --perturb, also write each variant into `DIR` as NAME.seed<S>.trace.gz, NAME-2.seed<S>.trace.gz for a second trace of that name (an existing file is not replaced)")
 	return cmd
 }
 
@@ -134,6 +141,9 @@ func checkPerturbFlags(cmd *cobra.Command, f *replayFlags) error {
 func (f *replayFlags) perturbation(seed uint64) trace.Perturbation {
 	p := trace.DefaultPerturbation(seed)
 	p.Jitter = f.jitter
+	if p.Jitter == 0 {
+		p.Jitter = 0 // --jitter -0: "up to 0 %", not "-0 %"
+	}
 	return p
 }
 
@@ -146,7 +156,7 @@ func runReplay(f *replayFlags, paths []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	plot, err := newTracePlot(f.plot, len(paths))
+	plot, err := newTracePlot(f.plot, paths)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg"
+	"github.com/xseg-dev/xseg/bench/trace"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -313,9 +314,21 @@ func TestReplayPerturbFlags(t *testing.T) {
 		{[]string{"--perturb", "2", "--seed", "18446744073709551615"}, "--seed 18446744073709551615 with --perturb 2: the last seed would be 18446744073709551615 + 1, past 18446744073709551615"},
 		{[]string{"--perturb", "5", "--seed", "18446744073709551612"}, "--seed 18446744073709551612 with --perturb 5: the last seed would be 18446744073709551612 + 4, past 18446744073709551615"},
 	} {
-		_, _, err := run(t, append(append([]string{"replay", "--backend", "host"}, c.args...), tr)...)
+		out, stderr, err := run(t, append(append([]string{"replay", "--backend", "host"}, c.args...), tr)...)
 		require.EqualError(t, err, c.msg, "%v", c.args)
+		// The usage text above the error buried it (18 lines of it).
+		require.Empty(t, out, "%v", c.args)
+		require.Empty(t, stderr, "%v", c.args)
 	}
+}
+
+// TestReplayJitterMinusZero: --jitter -0 printed "raised by up to -0 %".
+func TestReplayJitterMinusZero(t *testing.T) {
+	tr := writeTrace(t, "a.trace", synthetic)
+	out, _, err := run(t, "replay", "--backend", "host", "--perturb", "1", "--jitter", "-0", tr)
+	require.NoError(t, err)
+	require.Contains(t, out, "every distinct size raised by up to 0 %")
+	require.NotContains(t, out, "-0")
 }
 
 // TestReplayPerturbOutOfMemory: a variant whose allocations fail is
@@ -389,6 +402,49 @@ func TestReplayWriteVariants(t *testing.T) {
 	}
 	_, _, err = run(t, "replay", "--backend", "host", "--perturb", "1", "--seed", "3", "--write-variants", dir, tr)
 	require.ErrorIs(t, err, os.ErrExist, "a variant written before is not replaced")
+}
+
+// TestReplayWriteVariantsSameNames: two traces of one base name in one
+// run (a/x.trace and b/x.trace, or x.trace and x.trace.gz) wanted the
+// same variant files; the second failed with "file exists" and its
+// variants were never replayed. The second trace's variants are named
+// x-2.seed<S>.trace.gz, the third's x-3..., as --plot names its files.
+func TestReplayWriteVariantsSameNames(t *testing.T) {
+	a := writeTrace(t, "x.trace", synthetic)
+	b := writeTrace(t, "x.trace", synthetic+"f 4\n")
+	c := writeTrace(t, "x.trace.gz", synthetic)
+	dir := t.TempDir()
+	out, _, err := run(t, "replay", "--backend", "host", "--json", "--perturb", "2", "--write-variants", dir, a, b, c)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3, out)
+	for i, name := range []string{"x", "x-2", "x-3"} {
+		var rep struct {
+			Trace    string `json:"trace"`
+			Events   int    `json:"events"`
+			Variants []struct {
+				Seed     uint64 `json:"seed"`
+				PeakLive uint64 `json:"peak_live"`
+			} `json:"variants"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(lines[i]), &rep))
+		require.Equal(t, []string{a, b, c}[i], rep.Trace)
+		require.Len(t, rep.Variants, 2, "every trace's variants are replayed")
+		for _, v := range rep.Variants {
+			tr, err := trace.ReadFile(filepath.Join(dir, fmt.Sprintf("%s.seed%d.trace.gz", name, v.Seed)))
+			require.NoError(t, err)
+			require.Len(t, tr.Events, rep.Events+1, "%s: the variant of %s", name, rep.Trace)
+			require.Equal(t, v.PeakLive, tr.PeakLive)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 6)
+
+	// The help says how the files are named.
+	out, _, err = run(t, "replay", "--help")
+	require.NoError(t, err)
+	require.Contains(t, out, "NAME-2.seed<S>.trace.gz")
 }
 
 // A bad XSEG_CONF fails replay up front, naming the variable, as a bad

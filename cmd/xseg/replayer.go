@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -27,6 +28,9 @@ type replayer struct {
 	stderr io.Writer
 	log    *slog.Logger
 	plot   *tracePlot // nil without --plot
+	// variantNames are the NAMEs of --write-variants's files given so
+	// far, one per trace.
+	variantNames []string
 }
 
 // replay runs one trace, plotted if --plot asks.
@@ -41,11 +45,14 @@ func (r *replayer) replay(t *trace.Trace) (trace.Result, error) {
 func (r *replayer) variants(t *trace.Trace) ([]trace.VariantResult, error) {
 	var out []trace.VariantResult
 	var errs []error
+	name := r.variantName(t.Name)
 	for i := range r.flags.perturb {
 		seed := r.flags.seed + uint64(i)
 		v, err := trace.Perturb(t, r.flags.perturbation(seed))
 		if err == nil && r.flags.writeVariants != "" {
-			err = trace.WriteFile(filepath.Join(r.flags.writeVariants, variantFile(t.Name, seed)), v)
+			if err = trace.WriteFile(filepath.Join(r.flags.writeVariants, variantFile(name, seed)), v); err != nil {
+				err = fmt.Errorf("--write-variants: %s: %w", v.Name, err)
+			}
 		}
 		if err != nil {
 			return out, errors.Join(append(errs, err)...)
@@ -60,11 +67,21 @@ func (r *replayer) variants(t *trace.Trace) ([]trace.VariantResult, error) {
 	return out, errors.Join(errs...)
 }
 
-// variantFile is the file name --write-variants gives the variant of
-// seed seed of the trace at path: its base name without ".gz" and
-// ".trace", then ".seed<S>.trace.gz".
-func variantFile(path string, seed uint64) string {
+// variantName is the NAME of the files --write-variants writes for the
+// variants of the trace at path: its base name without ".gz" and
+// ".trace", or with -2, -3, ... after it if an earlier trace of this run
+// has that name (a/x.trace and b/x.trace, or x.trace and x.trace.gz), as
+// --plot names its files.
+func (r *replayer) variantName(path string) string {
 	name := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(path), ".gz"), ".trace")
+	name = uniqueName(name, func(n string) bool { return slices.Contains(r.variantNames, n) })
+	r.variantNames = append(r.variantNames, name)
+	return name
+}
+
+// variantFile is the file name --write-variants gives the variant of
+// seed seed of a trace whose NAME is name (variantName).
+func variantFile(name string, seed uint64) string {
 	return fmt.Sprintf("%s.seed%d.trace.gz", name, seed)
 }
 
