@@ -166,6 +166,56 @@ func TestPauseFaults(t *testing.T) {
 	require.NotZero(t, paused, "some leave it paused")
 }
 
+// TestPauseFreePagesFaults: a tag with whole free pages gives them back
+// at Pause before it unmaps the rest; a fault in any Unmap or Release of
+// that (and in the undo after it) leaves the tag wholly live with its
+// bytes or wholly paused, ReservedBytes equal to the driver's pages, and
+// a Resume without faults brings back the live blocks (not the free
+// pages); Close leaves no leak (done).
+func TestPauseFreePagesFaults(t *testing.T) {
+	ops := []vmmtest.Op{vmmtest.OpUnmap, vmmtest.OpRelease}
+	setup := func(e *faultEnv) {
+		p, err := e.a.AllocInPool(e.id, 6*mib, 0)
+		require.NoError(t, err)
+		require.NoError(t, e.a.Free(p))
+	}
+	pause := func(e *faultEnv) error { return e.a.Pause(true, tagName) }
+	cases := faultCases(t, ops, setup, pause)
+	for _, c := range cases {
+		e, done := newFaultEnv(t)
+		ts, err := e.a.TagStats(tagName)
+		require.NoError(t, err)
+		live := ts.ReservedBytes // the pages of the live blocks
+		setup(e)
+		c.arm(e.f)
+		err = pause(e)
+		e.f.Reset()
+		require.Error(t, err, "%v", c)
+		ts, serr := e.a.TagStats(tagName)
+		require.NoError(t, serr)
+		if ts.Paused {
+			e.requirePaused(t, c, 1)
+		} else {
+			require.NoError(t, e.intact(e.bs), "%v", c)
+			e.reservedIsHeld()
+			require.NoError(t, pause(e), "%v: pausing again", c)
+		}
+		require.NoError(t, e.a.Resume(), "%v", c)
+		require.NoError(t, e.intact(e.bs), "%v", c)
+		require.NoError(t, e.intact([]block{e.other}), "%v", c)
+		e.reservedIsHeld()
+		// A fault may have kept the free pages (mapped again by Resume): a
+		// pause without faults gives them back.
+		require.NoError(t, pause(e), "%v", c)
+		require.NoError(t, e.a.Resume(), "%v", c)
+		ts, serr = e.a.TagStats(tagName)
+		require.NoError(t, serr)
+		require.Equal(t, live, ts.ReservedBytes, "%v: the tag holds its live blocks' pages only", c)
+		require.NoError(t, e.intact(e.bs), "%v", c)
+		done()
+	}
+}
+
 func TestResumeFaults(t *testing.T) {
 	ops := []vmmtest.Op{vmmtest.OpCreate, vmmtest.OpMap, vmmtest.OpSetAccess, vmmtest.OpCopyHtoD}
 	setup := func(e *faultEnv) {

@@ -19,10 +19,14 @@ import (
 //  2. wait for all work on the device (a graph may replay on any stream);
 //  3. with backup, copy the requested bytes of every allocated block to
 //     host memory;
-//  4. unmap every mapped page of the tag's segments and release it
-//     (Pauser.PauseRuns). The blocks keep their books: allocated blocks
-//     stay allocated at their addresses, free ones free; the segments and
-//     their reserved ranges stay.
+//  4. give back the whole free pages of the tag's segments, as EmptyCache
+//     does a shared pool's (their addresses become holes; a segment left
+//     empty goes, with its range), unless BeginAllocateToPool ever routed
+//     to the tag (a CUDA graph captured into it addresses its free blocks
+//     when it replays); then unmap every page still mapped and
+//     release it (Pauser.PauseRuns). The blocks keep their books:
+//     allocated blocks stay allocated at their addresses, free ones free;
+//     the segments with blocks and their reserved ranges stay.
 //
 // A failure in 1 to 3 leaves the tag live, untouched. Step 4 always
 // finishes: a page the driver fails to unmap is kept mapped by the Backing
@@ -31,7 +35,8 @@ import (
 // error. The copy, if asked, was complete before the first unmap.
 //
 // Resume takes a paused tag back to live: it maps new pages at the very
-// runs that were mapped (the blocks' books did not change while paused),
+// runs that were mapped (the blocks' books did not change while paused):
+// the pages allocated blocks were in, not the free pages step 4 gave back,
 // granting the device and every enabled peer access, and copies the backup
 // back. If mapping fails the Backing undoes it (Pauser.ResumeRuns); if a
 // copy fails the pages are given back again (PauseRuns). Either way the
@@ -140,7 +145,20 @@ func (h *Heap) pauseLocked(pp *privatePool, backup bool, pr Pauser) error {
 			return err
 		}
 	}
-	err := h.pageWorkLocked(func() error { return pr.PauseRuns(runs, &h.mu.stats) })
+	// The whole free pages go back to the driver for good, as EmptyCache
+	// gives back a shared pool's (through the page cache, released with
+	// them): Resume maps only what blocks were allocated in. The device
+	// is idle (synced), so nothing waits. Not in a tag a route ever
+	// reached: a graph captured there writes its free blocks.
+	var rerr error
+	if !pp.tag.routed {
+		for _, st := range pp.states {
+			rerr = errors.Join(rerr, h.releaseStateLocked(st, true))
+		}
+		rerr = errors.Join(rerr, h.releaseCacheLocked())
+		runs = poolRuns(pp)
+	}
+	err := errors.Join(rerr, h.pageWorkLocked(func() error { return pr.PauseRuns(runs, &h.mu.stats) }))
 	ps.bytes = h.markPausedLocked(pp, runs, true)
 	pp.tag.pause = ps
 	pp.tag.pauses++

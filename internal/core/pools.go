@@ -116,6 +116,9 @@ func (h *Heap) BeginAllocateToPool(id PoolID, filter func(vmm.Stream) bool) erro
 		}
 	}
 	h.retainLocked(id)
+	if pp := h.mu.pools[id]; pp != nil && pp.tag != nil {
+		pp.tag.routed = true
+	}
 	h.mu.routes = append(h.mu.routes, route{id: id, filter: filter})
 	return nil
 }

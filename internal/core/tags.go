@@ -38,6 +38,11 @@ type tagState struct {
 	// pauses and remaps count pauses and the resumes that mapped pages
 	// again (spec.TagStats).
 	pauses, remaps int64
+	// routed is whether BeginAllocateToPool ever routed allocations to
+	// the tag (a CUDA graph captured into it, say, which addresses its
+	// free blocks on replay): then Pause keeps the free pages' addresses
+	// and Resume maps them again; else Pause gives them back for good.
+	routed bool
 }
 
 // paused reports whether pp is a paused tag's pool. pp may be nil.

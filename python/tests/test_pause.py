@@ -89,6 +89,30 @@ def test_pause_without_backup_and_free_while_paused():
     xseg.free(k)
 
 
+def test_pause_gives_free_pages_back_for_good():
+    # A live tag keeps the pages its freed tensors leave (empty_cache does
+    # not take them); pause gives them back to the driver, and resume maps
+    # only the live blocks' pages, so a sleep/wake cycle trims the cache.
+    with xseg.region("pr_trim"):
+        keep = xseg.malloc(3 * MiB)
+        tmp = xseg.malloc(100 * MiB)
+    d = fill(keep, 3 * MiB, 9)
+    xseg.free(tmp)
+    _lib.empty_cache()
+    held = xseg.tag_stats("pr_trim")["reserved_bytes"]
+    assert held >= 100 * MiB, "a live tag keeps its free pages"
+    xseg.pause("pr_trim", backup=True)
+    xseg.resume("pr_trim")
+    st = xseg.tag_stats("pr_trim")
+    assert not st["paused"] and st["allocations"] == 1
+    assert st["reserved_bytes"] <= 8 * MiB < held, st
+    assert bytes(read(keep, 3 * MiB)) == d
+    with xseg.region("pr_trim"):
+        again = xseg.malloc(100 * MiB)  # the tag grows again
+    xseg.free(again)
+    xseg.free(keep)
+
+
 def test_many_cycles_keep_bytes_and_leak_nothing():
     with xseg.region("pr_cycles"):
         p = xseg.malloc(5 * MiB)
