@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/host"
 	"github.com/xseg-dev/xseg/vmm/vmmtest"
 )
 
@@ -168,5 +169,48 @@ func TestOOMWaitWokenByFreeOnAnotherStream(t *testing.T) {
 			require.Zero(t, a.Stats().NumOOMs)
 			require.NoError(t, a.Free(q))
 		})
+	}
+}
+
+// TestOOMWhenMappingsRunOut: a stream per allocation, each a range of its
+// own, until the host driver's bound on mappings (host.Options.MaxMappings,
+// which stands for the process's vm.max_map_count) refuses: allocations
+// then fail with vmm.ErrOutOfMemory, as when memory runs out, and the
+// allocator goes on working; everything goes back at Close.
+func TestOOMWhenMappingsRunOut(t *testing.T) {
+	hd, err := host.Open(host.Options{MaxMappings: 40})
+	require.NoError(t, err)
+	vmmtest.CheckLeaks(t, hd)
+	defer func() { require.NoError(t, hd.Close()) }()
+	a, err := New(hd, 0, DefaultConfig(), nil)
+	require.NoError(t, err)
+	var ptrs []vmm.DevicePtr
+	var streams []vmm.Stream
+	failed := 0
+	for range 40 {
+		s, err := hd.StreamCreate(0)
+		require.NoError(t, err)
+		streams = append(streams, s)
+		p, err := a.Alloc(4096, s)
+		if err != nil {
+			require.ErrorIs(t, err, vmm.ErrOutOfMemory)
+			failed++
+			continue
+		}
+		ptrs = append(ptrs, p)
+	}
+	require.NotZero(t, failed, "the bound never refused")
+	require.NotEmpty(t, ptrs)
+	require.Equal(t, int64(failed), a.Stats().NumOOMs)
+	for _, p := range ptrs {
+		require.NoError(t, a.Free(p))
+	}
+	require.NoError(t, a.EmptyCache())
+	p, err := a.Alloc(4096, streams[len(streams)-1])
+	require.NoError(t, err, "room again once the ranges went back")
+	require.NoError(t, a.Free(p))
+	require.NoError(t, a.Close())
+	for _, s := range streams {
+		require.NoError(t, hd.StreamDestroy(s))
 	}
 }

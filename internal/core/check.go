@@ -45,6 +45,9 @@ func (h *Heap) verifyLocked() error {
 	if err := h.verifyTagsLocked(); err != nil {
 		return err
 	}
+	if err := h.verifySharedLocked(); err != nil {
+		return err
+	}
 	if err := h.verifyRetiredLocked(); err != nil {
 		return err
 	}
@@ -223,6 +226,29 @@ func (h *Heap) verifyRetiredLocked() error {
 	}
 	if n != len(h.mu.retiring) {
 		return fmt.Errorf("%d segments listed as retiring, %d have retired runs", len(h.mu.retiring), n)
+	}
+	return nil
+}
+
+// verifySharedLocked checks Heap.mu.shared: every state of a shared pool,
+// once each, in donorOrder.
+func (h *Heap) verifySharedLocked() error {
+	n := 0
+	for k := range h.mu.states {
+		if k.private.IsZero() {
+			n++
+		}
+	}
+	if len(h.mu.shared) != n {
+		return fmt.Errorf("%d shared states listed for growths, %d in the books", len(h.mu.shared), n)
+	}
+	for i, st := range h.mu.shared {
+		if h.mu.states[st.key] != st {
+			return fmt.Errorf("listed shared state %+v is not the books'", st.key)
+		}
+		if i > 0 && donorOrder(h.mu.shared[i-1], st) >= 0 {
+			return fmt.Errorf("shared states %+v and %+v out of order", h.mu.shared[i-1].key, st.key)
+		}
 	}
 	return nil
 }

@@ -206,16 +206,18 @@ func (h *Heap) donorsLocked(seg *Seg) []*state {
 	if h.holder == nil {
 		return donors
 	}
-	mine := len(donors)
-	for k, st := range h.mu.states {
-		if k.private.IsZero() && k.stream != seg.Stream && (k.pool == seg.Pool || slices.Contains(h.donors[seg.Pool], k.pool)) {
+	for _, st := range h.mu.shared { // in donorOrder
+		if k := st.key; k.stream != seg.Stream && (k.pool == seg.Pool || slices.Contains(h.donors[seg.Pool], k.pool)) {
 			donors = append(donors, st)
 		}
 	}
-	slices.SortFunc(donors[mine:], func(a, b *state) int {
-		return cmp.Or(cmp.Compare(a.key.stream, b.key.stream), cmp.Compare(b.key.pool, a.key.pool), cmp.Compare(a.key.class, b.key.class))
-	})
 	return donors
+}
+
+// donorOrder orders the states of other streams a growth takes free pages
+// from: by stream, then pool from the largest down, then class.
+func donorOrder(a, b *state) int {
+	return cmp.Or(cmp.Compare(a.key.stream, b.key.stream), cmp.Compare(b.key.pool, a.key.pool), cmp.Compare(a.key.class, b.key.class))
 }
 
 // growSpan returns where the new pages for a block of rs bytes growing

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/bits"
+	"slices"
 
 	"github.com/google/btree"
 
@@ -98,6 +99,10 @@ type heapMu struct {
 	pools    map[PoolID]*privatePool
 	routes   []route
 	deferred []*block
+	// shared are the states of the shared pools (never of a private
+	// pool; none is ever deleted) in donorOrder, kept so, for the
+	// donors of a growth (grow.go) without a sort on every growth.
+	shared []*state
 	// waitHook is SetOOMWaitHook's function, nil when none.
 	waitHook func(waiting bool)
 	// tags are the pools of tags by name, nextTag the number of the
@@ -240,6 +245,8 @@ func (h *Heap) stateLocked(s vmm.Stream, p Pool, c uint8) *state {
 		if s == 0 {
 			h.mu.def[p][c] = st
 		}
+		i, _ := slices.BinarySearchFunc(h.mu.shared, st, donorOrder)
+		h.mu.shared = slices.Insert(h.mu.shared, i, st)
 	}
 	return st
 }

@@ -175,6 +175,9 @@ func (d *Driver) MemAlloc(dev vmm.Device, size uint64) (vmm.DevicePtr, error) {
 		// Before rounding up, which overflows near the top of the range.
 		return 0, fmt.Errorf("allocating %d bytes on device %d of %d: %w", size, dev, d.opts.Capacity, vmm.ErrOutOfMemory)
 	}
+	if err := d.roomForMappings(fmt.Sprintf("allocating %d bytes", size), 1); err != nil {
+		return 0, err
+	}
 	mapped, _ := roundUp(size, osPage) // no overflow: size <= MaxCapacity
 	d.mu.Lock()
 	err := d.take(dev, mapped)

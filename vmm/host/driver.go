@@ -42,6 +42,15 @@ type Options struct {
 	// Granularity is the page size and alignment, a power of two that is a
 	// multiple of the OS page size (default DefaultGranularity).
 	Granularity uint64
+	// MaxMappings bounds the memory mappings the driver holds at once,
+	// counting a reserved range and a plain allocation as one and a
+	// mapped page as two (it may split its range's mapping in three).
+	// Reserve, Map and MemAlloc fail with vmm.ErrOutOfMemory past it.
+	// 0: three quarters of the process's limit, vm.max_map_count
+	// (DefaultMaxMappings); -1: no bound. Past the kernel's limit every
+	// mmap of the process fails, the Go runtime's own included, which
+	// kills the process instead of failing an allocation.
+	MaxMappings int
 }
 
 // Driver is the vmm.Driver contract on Linux host memory. It is safe for
@@ -123,6 +132,12 @@ func Open(o Options) (*Driver, error) {
 	}
 	if o.Capacity%g != 0 {
 		return nil, fmt.Errorf("host: capacity %d is not a multiple of the granularity %d: %w", o.Capacity, g, vmm.ErrInvalid)
+	}
+	switch {
+	case o.MaxMappings == 0:
+		o.MaxMappings = DefaultMaxMappings()
+	case o.MaxMappings < -1:
+		return nil, fmt.Errorf("host: MaxMappings %d: want -1 (no bound), 0 (the default) or more: %w", o.MaxMappings, vmm.ErrInvalid)
 	}
 	if o.Capacity > MaxCapacity {
 		return nil, fmt.Errorf("host: capacity %d is more than MaxCapacity %d (4 TiB): an allocator reserves a device's capacity "+
@@ -283,4 +298,31 @@ func (d *Driver) closeFDs() error {
 		d.mu.allocs[p] = a
 	}
 	return errors.Join(errs...)
+}
+
+// DefaultMaxMappings is Options.MaxMappings's default: three quarters of
+// the process's limit of memory mappings (/proc/sys/vm/max_map_count,
+// 65,530 by default), the rest left to the process (its heap, libraries,
+// threads); -1 (no bound) where the limit cannot be read.
+func DefaultMaxMappings() int {
+	n := maxMapCount()
+	if n <= 0 {
+		return -1
+	}
+	return max(1, n/4*3)
+}
+
+// roomForMappings fails with vmm.ErrOutOfMemory when n more mappings
+// (Options.MaxMappings's count) would pass the bound.
+func (d *Driver) roomForMappings(what string, n int) error {
+	lim := d.opts.MaxMappings
+	if lim < 0 {
+		return nil
+	}
+	u := d.books.Usage()
+	if have := u.Ranges + u.Allocs + 2*u.Mappings; have+n > lim {
+		return fmt.Errorf("%s: the host backend holds %d memory mappings of its bound of %d (MaxMappings; the process may have vm.max_map_count in all): %w",
+			what, have, lim, vmm.ErrOutOfMemory)
+	}
+	return nil
 }

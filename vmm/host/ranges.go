@@ -39,6 +39,9 @@ func (d *Driver) Reserve(size, align uint64) (vmm.DevicePtr, error) {
 		return 0, fmt.Errorf("reserving %d bytes: alignment %d is not a power of two: %w", size, align, vmm.ErrInvalid)
 	}
 	align = max(align, d.opts.Granularity)
+	if err := d.roomForMappings(fmt.Sprintf("reserving %d bytes", size), 1); err != nil {
+		return 0, err
+	}
 	total := size + align
 	if total < size {
 		return 0, fmt.Errorf("reserving %d bytes aligned to %d: too large: %w", size, align, vmm.ErrInvalid)
@@ -104,6 +107,9 @@ func (d *Driver) Map(ptr vmm.DevicePtr, size uint64, h vmm.Handle, offset uint64
 	defer d.life.RUnlock()
 	d.prot.Lock()
 	defer d.prot.Unlock()
+	if err := d.roomForMappings(fmt.Sprintf("mapping %d bytes at %v", size, ptr), 2); err != nil {
+		return err
+	}
 	m, err := d.books.BeginMap(ptr, size, h, offset)
 	if err != nil {
 		return err

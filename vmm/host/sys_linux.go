@@ -3,7 +3,9 @@ package host
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -159,4 +161,18 @@ func hostName() string {
 		return ""
 	}
 	return unix.ByteSliceToString(u.Nodename[:])
+}
+
+// maxMapCount is the process's limit of memory mappings
+// (vm.max_map_count), 0 when it cannot be read.
+func maxMapCount() int {
+	b, err := os.ReadFile("/proc/sys/vm/max_map_count")
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
 }

@@ -49,3 +49,5 @@ func hostName() string {
 	h, _ := os.Hostname()
 	return h
 }
+
+func maxMapCount() int { return 0 }
