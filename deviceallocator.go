@@ -191,7 +191,8 @@ func (a *DeviceAllocator) DisablePeerAccess(peer vmm.Device) error {
 }
 
 // BeginAllocateToPool routes the allocations filter accepts to private
-// pool id (see Pools).
+// pool id (see Pools). filter runs under the allocator's lock: it must
+// not call the allocator.
 func (a *DeviceAllocator) BeginAllocateToPool(id PoolID, filter func(vmm.Stream) bool) error {
 	return a.e.BeginAllocateToPool(id, filter)
 }

@@ -25,7 +25,10 @@ type PoolCheckpoint = spec.PoolCheckpoint
 // filter accepts the capturing stream) until EndAllocateToPool; blocks
 // allocated there go back to the pool when freed, during the capture or
 // after it, and nothing outside the pool is ever given them. Two captures
-// that use one pool id share the pool. ReleasePool drops a use (PyTorch
+// that use one pool id share the pool. The filter runs inside every
+// allocation, under the allocator's lock: it must be quick and must not
+// call the allocator (that deadlocks) or wait for anything that does; a
+// nil filter accepts nothing (only AllocInPool reaches the pool). ReleasePool drops a use (PyTorch
 // releases when a graph is destroyed); the last one gives the pool's free
 // pages back at once and the rest as its blocks are freed.
 //

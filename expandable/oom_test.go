@@ -214,3 +214,44 @@ func TestOOMWhenMappingsRunOut(t *testing.T) {
 		require.NoError(t, hd.StreamDestroy(s))
 	}
 }
+
+// TestOOMWaitHookPanics: a wait hook that panics (as the wait begins or
+// as it ends) panics the allocation, and leaves the allocator's lock as it
+// was: the allocator goes on working and no other caller's lock is given
+// away (the panic came out between a released lock and the caller's
+// deferred Unlock, which then unlocked a lock it did not hold). Also
+// under -race, where that unlock was a fatal error.
+func TestOOMWaitHookPanics(t *testing.T) {
+	for _, when := range []bool{true, false} {
+		d := vmmtest.HostDriver(t, 100<<20)
+		cfg := ClassicConfig()
+		cfg.OOMWait = 5 * time.Second
+		a := newAlloc(t, d, cfg)
+		p, err := a.Alloc(60<<20, 0)
+		require.NoError(t, err)
+		a.SetOOMWaitHook(func(waiting bool) {
+			if waiting == when {
+				panic("hook")
+			}
+		})
+		if !when {
+			// Ending the wait needs a free to end it early.
+			go func() {
+				time.Sleep(20 * time.Millisecond)
+				require.NoError(t, a.Free(p))
+			}()
+		}
+		require.PanicsWithValue(t, "hook", func() { _, _ = a.Alloc(60<<20, 0) }, "panic on %v", when)
+		a.SetOOMWaitHook(nil)
+		_ = a.Stats() // takes the lock: it was left free
+		if when {
+			require.NoError(t, a.Free(p))
+		}
+		q, err := a.Alloc(60<<20, 0)
+		require.NoError(t, err)
+		require.NoError(t, a.Free(q))
+		require.NoError(t, a.SetMemoryFraction(0.5))
+		require.NoError(t, a.Close())
+		require.ErrorIs(t, a.SetMemoryFraction(0.5), vmm.ErrClosed, "after Close")
+	}
+}

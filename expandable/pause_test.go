@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xseg-dev/xseg/internal/core"
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 	"github.com/xseg-dev/xseg/vmm/host"
 	"github.com/xseg-dev/xseg/vmm/vmmtest"
@@ -413,6 +414,8 @@ func TestPauseCapture(t *testing.T) {
 	require.NoError(t, e.a.Free(tmp)) // a temporary of the graph
 	require.ErrorIs(t, e.a.Pause(true), vmm.ErrInUse)
 	require.ErrorIs(t, e.a.Resume(), vmm.ErrInUse)
+	require.ErrorIs(t, e.a.Pause(true), spec.ErrCapturing, "as EmptyCache's")
+	require.ErrorIs(t, e.a.Resume(), spec.ErrCapturing)
 	require.NoError(t, e.a.EndAllocateToPool(e.id))
 	cp := e.tagStats()
 	require.Equal(t, []core.CheckpointBlock{{Ptr: in, Size: 1 * mib, Requested: 1 * mib}}, cp.Blocks, "the capture's block is the tag's")

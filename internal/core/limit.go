@@ -99,6 +99,12 @@ func (h *Heap) SetMemoryFraction(fraction float64) error {
 	if !(fraction >= 0 && fraction <= 1) {
 		return fmt.Errorf("setting memory fraction %v: not in [0, 1]: %w", fraction, vmm.ErrInvalid)
 	}
+	h.mu.Lock()
+	closed := h.mu.closed
+	h.mu.Unlock()
+	if closed {
+		return fmt.Errorf("setting memory fraction %v: %w", fraction, vmm.ErrClosed)
+	}
 	_, total, err := h.drv.MemInfo(h.dev)
 	if err != nil {
 		return fmt.Errorf("setting memory fraction %v: memory of device %d: %w", fraction, h.dev, err)

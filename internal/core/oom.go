@@ -120,6 +120,23 @@ func (h *Heap) sleepUnlocked(delay time.Duration) {
 	}
 }
 
+// waitUnlocked releases the lock until ch is closed (a free, Close) or
+// timer fires, and reports whether the timer did. The lock is taken again
+// however it returns, even if the wait hook panics, so that the caller's
+// deferred Unlock stays its own.
+func (h *Heap) waitUnlocked(ch <-chan struct{}, timer *time.Timer) (timedOut bool) {
+	hook := h.mu.waitHook
+	h.mu.Unlock()
+	defer h.mu.Lock()
+	defer waiting(hook)()
+	select {
+	case <-ch:
+		return false
+	case <-timer.C:
+		return true
+	}
+}
+
 // SetOOMWaitHook sets f (nil: none) to be called, without the Heap's
 // lock, with true as an allocation begins to wait or sleep in the OOM
 // policy (OOMWait, the OOMMaxRetries backoff) and with false as it stops,
@@ -197,18 +214,7 @@ func (h *Heap) waitForFreesLocked(st *state, rs, req uint64) (*block, error) {
 		if h.mu.freed == nil {
 			h.mu.freed = make(chan struct{})
 		}
-		ch := h.mu.freed
-		hook := h.mu.waitHook
-		h.mu.Unlock()
-		stop := waiting(hook)
-		timedOut := false
-		select {
-		case <-ch:
-		case <-timer.C:
-			timedOut = true
-		}
-		stop()
-		h.mu.Lock()
+		timedOut := h.waitUnlocked(h.mu.freed, timer)
 		if h.mu.closed {
 			return nil, vmm.ErrClosed // allocSlowLocked's wrapAlloc names the request
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/xseg-dev/xseg/spec"
 	"github.com/xseg-dev/xseg/vmm"
 )
 
@@ -116,7 +117,7 @@ func (h *Heap) forTags(what string, tags []string, f func(*privatePool, Pauser) 
 		return err
 	}
 	if h.capturingLocked() {
-		return fmt.Errorf("%s tags while a private pool is active (a CUDA graph capture is underway): %w", what, vmm.ErrInUse)
+		return fmt.Errorf("%s tags: %w", what, spec.ErrCapturing)
 	}
 	for _, pp := range pools {
 		if err := f(pp, pr); err != nil {
