@@ -53,13 +53,20 @@ func TestOOMErrorSaysWhat(t *testing.T) {
 	require.NoError(t, a.Free(p))
 }
 
-func TestOOMWaitsForFrees(t *testing.T) {
-	d := vmmtest.HostDriver(t, 100<<20)
+// fullWaiting is an allocator of 100 MiB whose allocations wait up to 5 s
+// for frees, with 60 MiB allocated (p): another 60 MiB waits.
+func fullWaiting(t *testing.T) (a *Allocator, p vmm.DevicePtr) {
+	t.Helper()
 	cfg := ClassicConfig()
 	cfg.OOMWait = 5 * time.Second
-	a := newAlloc(t, d, cfg)
+	a = newAlloc(t, vmmtest.HostDriver(t, 100<<20), cfg)
 	p, err := a.Alloc(60<<20, 0)
 	require.NoError(t, err)
+	return a, p
+}
+
+func TestOOMWaitsForFrees(t *testing.T) {
+	a, p := fullWaiting(t)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		time.Sleep(20 * time.Millisecond)
@@ -223,12 +230,7 @@ func TestOOMWhenMappingsRunOut(t *testing.T) {
 // under -race, where that unlock was a fatal error.
 func TestOOMWaitHookPanics(t *testing.T) {
 	for _, when := range []bool{true, false} {
-		d := vmmtest.HostDriver(t, 100<<20)
-		cfg := ClassicConfig()
-		cfg.OOMWait = 5 * time.Second
-		a := newAlloc(t, d, cfg)
-		p, err := a.Alloc(60<<20, 0)
-		require.NoError(t, err)
+		a, p := fullWaiting(t)
 		a.SetOOMWaitHook(func(waiting bool) {
 			if waiting == when {
 				panic("hook")
