@@ -31,4 +31,7 @@ func TestTagsWithoutPause(t *testing.T) {
 	require.Equal(t, mem, d.Usage(), "nothing was touched")
 	require.NoError(t, d.Memset(p, 1, 3<<20))
 	require.NoError(t, a.Free(p))
+	require.NoError(t, a.Close())
+	require.ErrorIs(t, a.Pause(true, "weights"), vmm.ErrClosed, "after Close, as every other call")
+	require.ErrorIs(t, a.Resume(), vmm.ErrClosed)
 }

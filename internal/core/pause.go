@@ -106,15 +106,15 @@ func (h *Heap) Pause(backup bool, tags ...string) error {
 // (every tag when none is named) until it fails: what Pause and Resume
 // share.
 func (h *Heap) forTags(what string, tags []string, f func(*privatePool, Pauser) error) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	pools, err := h.tagPoolsLocked(what, tags) // after Close: vmm.ErrClosed, whatever the Backing
+	if err != nil {
+		return err
+	}
 	pr, ok := h.back.(Pauser)
 	if !ok {
 		return fmt.Errorf("%s tags: this allocator's memory cannot be mapped again at the same addresses (plain allocations): %w", what, vmm.ErrNotSupported)
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	pools, err := h.tagPoolsLocked(what, tags)
-	if err != nil {
-		return err
 	}
 	if h.capturingLocked() {
 		return fmt.Errorf("%s tags: %w", what, spec.ErrCapturing)
