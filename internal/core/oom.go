@@ -72,6 +72,11 @@ func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, e
 			continue
 		}
 		h.pollLocked()
+		// Look before emptying: a block freed during the sleep is reused
+		// where it is, not unmapped and mapped again.
+		if b, err = h.findLocked(st, rs); !retryable(err) {
+			break
+		}
 		if rerr := h.releaseAllLocked(); rerr != nil {
 			h.log.Warn("xseg: emptying the cache after an OOM", "err", rerr)
 		}
