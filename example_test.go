@@ -81,9 +81,11 @@ func ExampleAllocator_Alloc_outOfMemory() {
 
 // AllocAtMost takes as large a block as it can get between a minimum and
 // a maximum: a cache that wants as much as the device holds asks for it
-// this way instead of guessing. Each failed try shrinks the request by
-// Config.OOMSizeFactor (0.8), and by at least 1/64 of the maximum, so on a
-// 64 MiB device it settles on 54 MiB.
+// this way instead of guessing. The first try asks for no more than the
+// device's free memory and the bytes the allocator holds unused, so on an
+// idle 64 MiB device it gets all 64 MiB; each failed try shrinks the
+// request by Config.OOMSizeFactor (0.8), and by at least 1/64 of the
+// maximum.
 func ExampleAllocator_AllocAtMost() {
 	cfg := xseg.DefaultConfig() // no OOM retries
 	a, err := xseg.Open(xseg.Options{Backend: "host", HostCapacity: 64 << 20, Config: &cfg})
@@ -128,7 +130,7 @@ func ExampleLimiterOf() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("reserved MiB:", a.Stats().ReservedBytes.All.Current>>20) // seven 20 MiB pages
+	fmt.Println("reserved MiB:", a.Stats().ReservedBytes.All.Current>>20) // 64 pages of 2 MiB
 	if err := a.Free(p); err != nil {
 		log.Fatal(err)
 	}

@@ -24,10 +24,12 @@ type MemoryLimiter interface {
 	// vmm.ErrInvalid) of the device's total memory, rounded down: 0
 	// allows no growth, 1 the whole device.
 	SetMemoryFraction(fraction float64) error
-	// MemoryLimit returns the limit in bytes, 0 when there is none.
+	// MemoryLimit returns the limit in bytes, 0 when there is none (and
+	// for a fraction of 0: Stats().MemoryLimitSet tells them apart).
 	MemoryLimit() uint64
 	// MemoryFraction returns the limit as a fraction of the device's
-	// memory (the one set, if set as one), 0 when there is none.
+	// memory (the one set, if set as one), 0 when there is none (and for
+	// a fraction of 0; see Stats().MemoryLimitSet).
 	MemoryFraction() float64
 }
 

@@ -38,15 +38,19 @@ var ErrCapturing = spec.ErrCapturing
 //
 // Pause(backup, tags...) pauses the named tags (all when none is named):
 // it waits for all work on the device, copies the requested bytes of the
-// tags' allocated blocks to host memory if backup, then unmaps and
-// releases every page of the tags. Blocks stay allocated at their
+// tags' allocated blocks to host memory if backup, then gives back to the
+// driver the tags' whole free pages for good (as EmptyCache does a
+// shared pool's; it releases the allocator's page cache too) and unmaps
+// and releases every page left. Blocks stay allocated at their
 // addresses; ReservedBytes drops by the pages given back. Allocating in a
 // paused tag fails with ErrPaused; freeing a block of a paused tag works
 // (the block is not restored). Resume(tags...) maps new pages at the same
-// addresses, the same runs of pages as before, granting the device and
-// every peer enabled with EnablePeerAccess access, and copies the backup
-// back; without backup the bytes are unspecified (zero on the host
-// backend). Both are idempotent: pausing a paused tag or resuming a live
+// addresses, the runs the pause unmapped (the pages allocated blocks are
+// in), granting the device and every peer enabled with EnablePeerAccess
+// access, and copies the backup back; without backup the bytes are
+// unspecified (zero on the host backend). A tag that BeginAllocateToPool
+// ever made active keeps its free pages' addresses instead: Pause unmaps
+// them with the rest and Resume maps them again (see CUDA graphs below). Both are idempotent: pausing a paused tag or resuming a live
 // one does nothing. Each tag is paused or resumed fully or not at all:
 // after an error, TagStats says which; a failed Resume leaves the tag
 // paused with its backup, and can be retried.
@@ -59,9 +63,10 @@ var ErrCapturing = spec.ErrCapturing
 //
 // CUDA graphs: a graph captured into a tag (BeginAllocateToPool with the
 // tag's id) replays after Resume, since every address it was captured
-// with is mapped again; without backup, the graph's inputs and
-// temporaries must be written again first. Pause and Resume fail with
-// vmm.ErrInUse while a capture (an active pool) is underway.
+// with, its free temporaries' included, is mapped again; without backup,
+// the graph's inputs and temporaries must be written again first. Pause
+// and Resume fail with ErrCapturing (which matches vmm.ErrInUse) while a
+// capture (an active pool) is underway.
 //
 // Remapping: the addresses stay, the physical pages do not. TagStats
 // counts the resumes (Remaps); whoever registered the memory with
@@ -76,7 +81,8 @@ var ErrCapturing = spec.ErrCapturing
 // The expandable allocator has it all; the fallback allocator has tags
 // and their statistics, but its Pause and Resume fail with
 // vmm.ErrNotSupported (a plain allocation cannot be mapped again at its
-// address). Safe for concurrent use.
+// address). After Close, Pause and Resume fail with vmm.ErrClosed. Safe
+// for concurrent use.
 type Tagger interface {
 	// Tag returns the id of the private pool of tag name, making the tag
 	// if it does not exist. A name is 1 to 256 bytes of UTF-8 without NUL.

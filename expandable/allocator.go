@@ -117,9 +117,13 @@ func (a *Allocator) EmptyCache() error { return a.heap.EmptyCache() }
 
 // SetOOMWaitHook sets f (nil: none) to be called with true as an
 // allocation begins to wait or sleep in the OOM policy (Config.OOMWait,
-// Config.OOMMaxRetries) and with false as it stops, without the
-// allocator's lock: for a caller that defers frees, to apply them and
-// send its frees straight to Free while an allocation waits for them.
+// Config.OOMMaxRetries: once per wait and per backoff sleep) and with
+// false as it stops, without the allocator's lock: for a caller that
+// defers frees, to apply them and send its frees straight to Free while
+// an allocation waits for them. f runs on the waiting goroutine, from
+// several at once when several wait; it may call the allocator (Free
+// above all) but must not wait for the allocation that called it. A panic
+// in f comes out of that allocation, the allocator left working.
 func (a *Allocator) SetOOMWaitHook(f func(waiting bool)) { a.heap.SetOOMWaitHook(f) }
 
 // Stats returns the current statistics. ReservedBytes counts the physical

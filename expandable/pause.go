@@ -10,10 +10,11 @@ import (
 
 // Pause and resume (the Allocator's core.TagSet; internal/core/pause.go
 // has the rules). Here is what they do to pages: Pause unmaps each mapped
-// page of a tag, one Unmap a page, and releases it at once (not into the
-// page cache: the point is to give the memory back); Resume maps a run of
-// pages at each run the tag had mapped, with Map (cached pages first, one
-// SetAccess a run, naming the owner and every enabled peer).
+// page left of a tag once the core has given back its whole free pages,
+// one Unmap a page, and releases it at once (not into the page cache: the
+// point is to give the memory back); Resume maps a run of pages at each
+// run the pause unmapped, with Map (cached pages first, one SetAccess a
+// run, naming the owner and every enabled peer).
 
 var _ core.Pauser = (*pages)(nil)
 

@@ -37,8 +37,10 @@ type TagStats struct {
 	Paused bool `json:"paused"`
 	Backup bool `json:"backup"`
 	// ReservedBytes is the bytes of pages mapped for the tag now: 0 while
-	// paused. PausedBytes is what the current pause gave back and Resume
-	// maps again (0 while live).
+	// paused. PausedBytes is what Resume maps again (0 while live): the
+	// pages the tag's allocated blocks are in, or every page it had mapped
+	// for a tag a capture was routed to; the free pages the pause gave
+	// back for good are in neither.
 	ReservedBytes uint64 `json:"reserved_bytes"`
 	PausedBytes   uint64 `json:"paused_bytes"`
 	// AllocatedBytes and Allocations are the tag's allocated blocks, which

@@ -256,7 +256,20 @@ func oomWait(waiting bool) {
 		return
 	}
 	addDirect(1)
+	fqFence()
 	drainFrees()
+}
+
+// fqFence takes and gives back the ring's lock: what xseg_fq_push did
+// under it before is visible after, and a push after sees the direct word
+// as it was before (shim.c checks it again under the lock), so no free is
+// parked past the drain that follows.
+func fqFence() {
+	lock := (*int32)(unsafe.Pointer(&C.xseg_fq.lock))
+	for spins := 0; !atomic.CompareAndSwapInt32(lock, 0, 1); spins++ {
+		backOff(spins)
+	}
+	atomic.StoreInt32(lock, 0)
 }
 
 // parkFree parks a free as xseg_free does, for tests: false when the ring
@@ -270,6 +283,9 @@ func freeAsC(ptr uint64, dev int) {
 		xsegGoFree(C.uintptr_t(ptr), 0, C.int(dev), 0)
 	}
 }
+
+// fqTail is the ring's tail: the frees ever parked (it wraps), for tests.
+func fqTail() uint32 { return atomic.LoadUint32((*uint32)(unsafe.Pointer(&C.xseg_fq.tail))) }
 
 // rememberBlock and takeBack call xseg_fq_remember and xseg_fq_take_back,
 // for tests.

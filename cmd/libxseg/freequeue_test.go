@@ -432,3 +432,27 @@ func TestFreeQueueOOMWait(t *testing.T) {
 		}
 	}
 }
+
+// TestFreeQueueNoParkPastWaitDrain: a free racing with an allocation that
+// begins to wait (oomWait(true)) is either refused by the queue (it goes to
+// Go at once) or applied by the wait's drain: it never stays parked after
+// it. xseg_fq_push checks the direct word again under the ring's lock, and
+// the wait takes that lock before it drains.
+func TestFreeQueueNoParkPastWaitDrain(t *testing.T) {
+	takeQueue(t)
+	l := hostLibrary(t, nil)
+	old := lib
+	lib = l // the drain applies frees to the process's library
+	t.Cleanup(func() { lib = old })
+	for i := range 3000 {
+		var wg sync.WaitGroup
+		var parked bool
+		wg.Go(func() { parked = parkFree(uint64(i+1)<<9, 0) })
+		wg.Go(func() { oomWait(true) })
+		wg.Wait()
+		if parked {
+			require.Equal(t, fqTail(), fqApplied.Load(), "round %d: a free parked past the wait's drain", i)
+		}
+		oomWait(false)
+	}
+}

@@ -61,6 +61,15 @@ int xseg_fq_push(uint64_t ptr, int device) {
 	}
 	uint32_t epoch = __atomic_load_n(&xseg_fq.epoch, __ATOMIC_ACQUIRE);
 	fq_lock();
+	/* Again under the lock: an allocation that begins to wait for memory
+	 * turns the queue direct, then takes this lock before it drains
+	 * (oomWait), so a free either is parked before that drain or sees
+	 * direct here; without this check it could park just after the drain
+	 * and stay parked through the whole wait. */
+	if (__atomic_load_n(&xseg_fq.direct, __ATOMIC_RELAXED)) {
+		fq_unlock();
+		return 0;
+	}
 	struct xseg_fq_recent* r = fq_slot(ptr);
 	struct xseg_fq_recent known = *r;
 	if (known.ptr == ptr) {
@@ -194,8 +203,10 @@ char* xseg_pool_restore(int device, const char* checkpoint, size_t len) {
 }
 
 // xseg_free parks the free in the queue (freequeue.h): no call into Go,
-// which applies it at its next call from any thread. A full queue, or a
-// configuration that wants each free at once, frees through Go now.
+// which applies it at its next call from any thread. A full queue, a
+// configuration that wants each free at once (release_threshold_mb) or an
+// allocation waiting for memory (freequeue.go's oomWait) frees through Go
+// now.
 void xseg_free(void* ptr, ssize_t size, int device, void* stream) {
 	XSEG_FORK_GUARD();
 	if (ptr == NULL || xseg_fq_push((uintptr_t)ptr, device)) {

@@ -319,8 +319,10 @@ char* xseg_history_json(int device);
  * xseg_pause pauses tag (NULL: every tag) of device (-1: every device
  * with an allocator; a named tag then on every device that has it): it
  * waits for all work on the device, copies the bytes of the tag's
- * allocated blocks to host memory if backup is not 0, then unmaps and
- * releases the tag's pages. Blocks stay allocated at their addresses,
+ * allocated blocks to host memory if backup is not 0, then gives the
+ * tag's whole free pages back to the driver for good (and the page
+ * cache with them) and unmaps and releases the rest of its pages; resume
+ * maps only those again. Blocks stay allocated at their addresses,
  * and nothing may touch them until resumed (on CUDA a kernel that reads
  * paused memory faults). Allocating in a paused tag fails ("the tag is
  * paused"); freeing a block of it works. It refuses a tag with a block

@@ -121,7 +121,8 @@ func (h *Heap) setLimit(lim memLimit) {
 }
 
 // MemoryLimit returns the cap on reserved bytes, 0 when there is none. A
-// memory fraction of 0, which allows no growth at all, reads 0 too.
+// memory fraction of 0, which allows no growth at all, reads 0 too
+// (Stats.MemoryLimitSet tells them apart).
 func (h *Heap) MemoryLimit() uint64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -160,7 +161,8 @@ func (l Limiter) SetMemoryLimit(bytes uint64) { l.h.SetMemoryLimit(bytes) }
 // of the device's memory, in [0, 1].
 func (l Limiter) SetMemoryFraction(fraction float64) error { return l.h.SetMemoryFraction(fraction) }
 
-// MemoryLimit returns the cap on reserved bytes, 0 when there is none.
+// MemoryLimit returns the cap on reserved bytes, 0 when there is none (and
+// for a fraction of 0: Stats.MemoryLimitSet tells them apart).
 func (l Limiter) MemoryLimit() uint64 { return l.h.MemoryLimit() }
 
 // MemoryFraction returns the cap as a fraction of the device's memory, 0

@@ -210,7 +210,8 @@ func wrapAlloc(req uint64, err error) error {
 }
 
 // waitForFreesLocked waits up to OOMWait for blocks freed by other
-// goroutines, retrying after each with the cache emptied.
+// goroutines: after each wake it looks for room as the heap stands, and
+// only if there is none empties the cache and looks again.
 func (h *Heap) waitForFreesLocked(st *state, rs, req uint64) (*block, error) {
 	timer := time.NewTimer(h.cfg.OOMWait)
 	defer timer.Stop()

@@ -359,7 +359,8 @@ def set_memory_fraction(fraction: float, device: int) -> None:
 
 
 def memory_fraction(device: int) -> float:
-    """The memory fraction set for device (0.0 if none)."""
+    """The memory fraction set for device: 0.0 if none, and for a fraction of
+    0 (stats(device)["memory_limit_set"] tells them apart)."""
     out = ctypes.c_double()
     check(load().xseg_memory_fraction(device, ctypes.byref(out)), "memory_fraction")
     return out.value

@@ -152,8 +152,10 @@ def pause(tag: Tags = None, backup: Optional[bool] = None, device: Any = None) -
     every tag) on device (None: every device) while every address stays
     valid. It waits for all work on the device; with backup it first
     copies the bytes of the tag's live tensors to host memory, restored by
-    resume(). backup None is the tag's choice in region(tag, backup=...),
-    else False. Pausing a paused tag does nothing (its backup stays as it
+    resume(). The pages the tag's freed tensors left go back for good:
+    resume() maps only the pages its live tensors are in. backup None is
+    the tag's choice in region(tag, backup=...), else False. Pausing a
+    paused tag does nothing (its backup stays as it
     was). Raises XsegError (nothing of the failing tag paused) for an
     unknown tag, a tag with memory shared with another process, or during
     a CUDA graph capture. See the module's documentation."""

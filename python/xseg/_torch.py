@@ -203,7 +203,7 @@ _ZERO_STAT_ARRAYS = ("inactive_split", "inactive_split_bytes")
 _ZERO_STATS = ("oversize_allocations", "oversize_segments")
 _XSEG_ONLY = ("num_maps", "num_unmaps", "num_set_access_calls", "num_syncs", "num_pages_created",
               "num_pages_reused", "num_pages_retired", "sync_ns", "page_ns", "device_total_bytes",
-              "device_free_bytes", "memory_limit_bytes")
+              "device_free_bytes", "memory_limit_bytes", "memory_limit_set")
 ZERO_KEYS = _ZERO_STAT_ARRAYS + _ZERO_STATS + ("max_split_size",)
 
 
