@@ -229,7 +229,7 @@ def torch_memory_stats(device: Any = None) -> Dict[str, Any]:
     out["num_device_alloc"] = raw.get("num_maps", 0)
     out["num_device_free"] = raw.get("num_unmaps", 0)
     out["max_split_size"] = 0
-    out["xseg"] = {k: raw[k] for k in _XSEG_ONLY if k in raw}
+    out["xseg"] = {k: int(raw[k]) for k in _XSEG_ONLY if k in raw}  # memory_limit_set: 0 or 1
     return out
 
 
