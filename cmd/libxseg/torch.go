@@ -27,8 +27,11 @@ import (
 // most max and at least min bytes it can get, shrinking by the configured
 // oom_size_factor.
 func (l *library) mallocAtMost(max, min uint64, dev int, s vmm.Stream) (vmm.DevicePtr, uint64, error) {
-	if min == 0 || min > max || max > 1<<62 {
-		return 0, 0, fmt.Errorf("between %d and %d bytes: need 0 < min <= max <= 2^62: %w", min, max, vmm.ErrInvalid)
+	if min == 0 || min > max || min > 1<<62 {
+		return 0, 0, fmt.Errorf("between %d and %d bytes: need 0 < min <= max and min <= 2^62: %w", min, max, vmm.ErrInvalid)
+	}
+	if max > 1<<62 {
+		max = 1 << 62 // a larger max asks for as much as possible, as Python's does
 	}
 	a, err := l.allocator(dev)
 	if err != nil {

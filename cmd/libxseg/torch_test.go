@@ -14,9 +14,17 @@ import (
 
 func TestLibraryMallocAtMost(t *testing.T) {
 	l := hostLibrary(t, nil)
-	for _, c := range [][2]uint64{{1 << 20, 0}, {1 << 20, 2 << 20}, {1 << 63, 1}} {
+	for _, c := range [][2]uint64{{1 << 20, 0}, {1 << 20, 2 << 20}, {1 << 63, 1 << 63}, {1<<62 + 1, 1<<62 + 1}} {
 		_, _, err := l.mallocAtMost(c[0], c[1], 0, 0)
 		require.ErrorIs(t, err, vmm.ErrInvalid, "max %d min %d", c[0], c[1])
+	}
+	// "As much as possible": a max past 2^62 is 2^62, which the first
+	// attempt cuts to what the device has.
+	for _, max := range []uint64{1<<62 + 1, 1 << 63, ^uint64(0)} {
+		p, n, err := l.mallocAtMost(max, 1, 0, 0)
+		require.NoError(t, err, "max %d", max)
+		require.LessOrEqual(t, n, uint64(256<<20))
+		require.NoError(t, l.free(p, 0))
 	}
 	_, _, err := l.mallocAtMost(1<<20, 1<<10, 99, 0)
 	require.ErrorIs(t, err, vmm.ErrInvalid)

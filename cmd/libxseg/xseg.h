@@ -103,11 +103,11 @@ void* xseg_malloc_or_throw(ssize_t size, int device, void* stream);
  * and at least min bytes on device for stream, shrinking the request by the
  * configured oom_size_factor (OOM_SIZE_FACTOR) after each out-of-memory;
  * only the attempt at min runs the whole OOM policy. *size (if not NULL)
- * receives the block's size. NULL on failure, also for arguments out of
- * 0 < min <= max <= 2^62: for as much as possible, pass max 1ull << 62
- * (the first attempt is at most the device's free memory and the bytes
- * xseg holds unused, within any memory limit). It does not route to an
- * active private pool. */
+ * receives the block's size. NULL on failure, also unless 0 < min <= max
+ * and min <= 2^62. A max above 2^62 is taken as 2^62: for as much as
+ * possible, pass SIZE_MAX (the first attempt is at most the device's free
+ * memory and the bytes xseg holds unused, within any memory limit). It
+ * does not route to an active private pool. */
 void* xseg_malloc_at_most(size_t max, size_t min, int device, void* stream, size_t* size);
 
 /* xseg_free gives back a block of device. size and stream are ignored: the
