@@ -59,10 +59,7 @@ func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, e
 		retries++
 		h.logOOM("xseg: out of memory, retrying after a delay", req, err, "delay", delay, "retry", i+1)
 		h.sleepUnlocked(delay)
-		if h.mu.closed {
-			return nil, fmt.Errorf("allocating %d bytes: %w", req, vmm.ErrClosed)
-		}
-		if err := h.goneLocked(st); err != nil {
+		if err := h.afterWaitLocked(st); err != nil {
 			return nil, wrapAlloc(req, err)
 		}
 		if h.capturingLocked() {
@@ -182,6 +179,16 @@ func (h *Heap) wakeLocked() {
 	}
 }
 
+// afterWaitLocked reports why an allocation of st that released the lock
+// to wait or sleep cannot go on: the Heap was closed meanwhile
+// (vmm.ErrClosed), or goneLocked's reasons.
+func (h *Heap) afterWaitLocked(st *state) error {
+	if h.mu.closed {
+		return vmm.ErrClosed
+	}
+	return h.goneLocked(st)
+}
+
 // goneLocked reports why st, the state of an allocation that released
 // the lock to wait, can no longer be allocated from: its private pool was
 // given back meanwhile (its state is in no books: memory growing it would
@@ -221,10 +228,7 @@ func (h *Heap) waitForFreesLocked(st *state, rs, req uint64) (*block, error) {
 			h.mu.freed = make(chan struct{})
 		}
 		timedOut := h.waitUnlocked(h.mu.freed, timer)
-		if h.mu.closed {
-			return nil, vmm.ErrClosed // allocSlowLocked's wrapAlloc names the request
-		}
-		if err := h.goneLocked(st); err != nil {
+		if err := h.afterWaitLocked(st); err != nil {
 			return nil, err // allocSlowLocked's wrapAlloc names the request
 		}
 		h.pollLocked()
