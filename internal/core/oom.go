@@ -62,22 +62,7 @@ func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, e
 		if err := h.afterWaitLocked(st); err != nil {
 			return nil, wrapAlloc(req, err)
 		}
-		if h.capturingLocked() {
-			// A capture began while the lock was released: emptying the
-			// cache would synchronize and unmap during it.
-			b, err = h.findLocked(st, rs)
-			continue
-		}
-		h.pollLocked()
-		// Look before emptying: a block freed during the sleep is reused
-		// where it is, not unmapped and mapped again.
-		if b, err = h.findLocked(st, rs); !retryable(err) {
-			break
-		}
-		if rerr := h.releaseAllLocked(); rerr != nil {
-			h.log.Warn("xseg: emptying the cache after an OOM", "err", rerr)
-		}
-		b, err = h.findLocked(st, rs)
+		b, err = h.lookAgainLocked(st, rs)
 	}
 	if errors.Is(err, vmm.ErrOutOfMemory) {
 		return nil, h.oomLocked(st.key.stream, req, retries, final, err)
@@ -179,6 +164,25 @@ func (h *Heap) wakeLocked() {
 	}
 }
 
+// lookAgainLocked looks for room for rs bytes in st after a wait or sleep
+// of the OOM policy: first as the heap stands (a block freed meanwhile is
+// reused where it is, not unmapped and mapped again), then, if there is
+// none, with the cache emptied, as step 3 did before: frees may keep their
+// memory where this allocation cannot take it (free blocks of another
+// stream or pool, whole free pages, the page cache). Not while a pool is
+// active: a capture begun meanwhile forbids the waits and unmaps.
+func (h *Heap) lookAgainLocked(st *state, rs uint64) (*block, error) {
+	h.pollLocked()
+	b, err := h.findLocked(st, rs)
+	if !retryable(err) || h.capturingLocked() {
+		return b, err
+	}
+	if rerr := h.releaseAllLocked(); rerr != nil {
+		h.log.Warn("xseg: emptying the cache after an OOM", "err", rerr)
+	}
+	return h.findLocked(st, rs)
+}
+
 // afterWaitLocked reports why an allocation of st that released the lock
 // to wait or sleep cannot go on: the Heap was closed meanwhile
 // (vmm.ErrClosed), or goneLocked's reasons.
@@ -231,18 +235,7 @@ func (h *Heap) waitForFreesLocked(st *state, rs, req uint64) (*block, error) {
 		if err := h.afterWaitLocked(st); err != nil {
 			return nil, err // allocSlowLocked's wrapAlloc names the request
 		}
-		h.pollLocked()
-		b, err := h.findLocked(st, rs)
-		if retryable(err) && !h.capturingLocked() {
-			// The frees keep their memory where this allocation may not
-			// take it: free blocks of another stream or pool, whole free
-			// pages, the page cache. Give it back, as step 3 did before
-			// the wait, and look again.
-			if rerr := h.releaseAllLocked(); rerr != nil {
-				h.log.Warn("xseg: emptying the cache after an OOM", "err", rerr)
-			}
-			b, err = h.findLocked(st, rs)
-		}
+		b, err := h.lookAgainLocked(st, rs)
 		if err == nil || timedOut || !retryable(err) {
 			return b, err
 		}
