@@ -201,10 +201,7 @@ func applyOne(ptr uint64, dev int, reused bool, apply func(ptr uint64, dev int, 
 // fqTake moves up to len(out) parked entries, oldest first, into out under
 // the ring's lock and returns the ring position of the first and how many.
 func fqTake(q *C.struct_xseg_fq, out []C.struct_xseg_fq_entry) (uint32, int) {
-	lock := (*int32)(unsafe.Pointer(&q.lock))
-	for spins := 0; !atomic.CompareAndSwapInt32(lock, 0, 1); spins++ {
-		backOff(spins)
-	}
+	lock := fqLock(q)
 	// head and tail change only under the lock, whose taking and release
 	// are full barriers here and in shim.c: plain reads and writes do.
 	h := uint32(q.head)
@@ -215,6 +212,16 @@ func fqTake(q *C.struct_xseg_fq, out []C.struct_xseg_fq_entry) (uint32, int) {
 	q.head = C.uint32_t(h + uint32(k))
 	atomic.StoreInt32(lock, 0)
 	return h, k
+}
+
+// fqLock takes q's spin lock (shim.c's fq_lock, from Go) and returns it,
+// for the caller to give back with a store of 0.
+func fqLock(q *C.struct_xseg_fq) *int32 {
+	lock := (*int32)(unsafe.Pointer(&q.lock))
+	for spins := 0; !atomic.CompareAndSwapInt32(lock, 0, 1); spins++ {
+		backOff(spins)
+	}
+	return lock
 }
 
 // The queue's direct word (xseg_fq.direct) is a sum: directConfig while
@@ -264,13 +271,7 @@ func oomWait(waiting bool) {
 // under it before is visible after, and a push after sees the direct word
 // as it was before (shim.c checks it again under the lock), so no free is
 // parked past the drain that follows.
-func fqFence() {
-	lock := (*int32)(unsafe.Pointer(&C.xseg_fq.lock))
-	for spins := 0; !atomic.CompareAndSwapInt32(lock, 0, 1); spins++ {
-		backOff(spins)
-	}
-	atomic.StoreInt32(lock, 0)
-}
+func fqFence() { atomic.StoreInt32(fqLock(&C.xseg_fq), 0) }
 
 // parkFree parks a free as xseg_free does, for tests: false when the ring
 // is full or direct.
