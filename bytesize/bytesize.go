@@ -65,10 +65,9 @@ func tooLarge() error { return fmt.Errorf("%w: larger than %s", ErrSyntax, Forma
 // whole is the size t, a number with a fraction that humanize.ParseBytes
 // has accepted, if it is a whole number of bytes. ParseBytes multiplies
 // such a number by its unit in float64 and truncates: 2097152.9 would be
-// 2097152, 1.0000000001GiB 1GiB, and 4.35MB 4349999. humanize's
-// ParseBigBytes reads the same syntax and multiplies exactly, but
-// truncates too; whole takes its size and checks that t's number (read
-// by big.Rat) times t's unit (ParseBigBytes of 1 of it) has no fraction.
+// 2097152, 1.0000000001GiB 1GiB, and 4.35MB 4349999. whole multiplies
+// exactly instead: t's number (read by big.Rat) times t's unit (humanize's
+// ParseBigBytes of 1 of it).
 func whole(t string) (uint64, error) {
 	// humanize's number is the leading digits, dots and commas.
 	end := strings.IndexFunc(t, func(r rune) bool { return (r < '0' || r > '9') && r != '.' && r != ',' })
@@ -76,18 +75,20 @@ func whole(t string) (uint64, error) {
 		end = len(t)
 	}
 	num, ok := new(big.Rat).SetString(strings.ReplaceAll(t[:end], ",", ""))
-	size, err := humanize.ParseBigBytes(t)
-	unit, uerr := humanize.ParseBigBytes("1" + t[end:])
-	switch {
-	case !ok || err != nil || uerr != nil:
+	unit, err := humanize.ParseBigBytes("1" + t[end:])
+	if !ok || err != nil {
 		return 0, fmt.Errorf("%w (want %s)", ErrSyntax, Syntax)
-	case !size.IsUint64():
-		return 0, tooLarge()
-	case !num.Mul(num, new(big.Rat).SetInt(unit)).IsInt():
-		return 0, fmt.Errorf("%w: not a whole number of bytes: between %d and %s",
-			ErrSyntax, size.Uint64(), new(big.Int).Add(size, big.NewInt(1)))
 	}
-	return size.Uint64(), nil
+	size := num.Mul(num, new(big.Rat).SetInt(unit))
+	floor := new(big.Int).Quo(size.Num(), size.Denom())
+	switch {
+	case !floor.IsUint64():
+		return 0, tooLarge()
+	case !size.IsInt():
+		return 0, fmt.Errorf("%w: not a whole number of bytes: between %d and %s",
+			ErrSyntax, floor.Uint64(), new(big.Int).Add(floor, big.NewInt(1)))
+	}
+	return floor.Uint64(), nil
 }
 
 // Format writes n with a binary unit and up to four significant digits,
