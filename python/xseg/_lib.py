@@ -389,7 +389,9 @@ def malloc(size: int, device: int = 0, stream: int = 0) -> int:
     return p or 0
 
 
-# The largest max that xseg_malloc_at_most takes (xseg.h).
+# xseg_malloc_at_most takes a max above this as this, and refuses a min
+# above it (xseg.h); malloc_at_most clamps here too, so that a max past
+# 2**64 (which size_t cannot hold) asks for as much as possible as well.
 _MAX_AT_MOST = 1 << 62
 
 
@@ -397,9 +399,9 @@ def malloc_at_most(max_bytes: int, min_bytes: int, device: int = 0, stream: int 
     """Allocate as much as it can of at most max_bytes and at least
     min_bytes, shrinking the request by the configured oom_size_factor
     (OOM_SIZE_FACTOR) after each out-of-memory; returns (address, size).
-    A max_bytes above 2**62 is taken as 2**62 (the most the library takes;
-    it starts from the memory there is): a huge max_bytes asks for as much
-    as possible. Raises ValueError unless 0 < min_bytes <= max_bytes and
+    A max_bytes above 2**62 is taken as 2**62 (as the library does; it
+    starts from the memory there is): a huge max_bytes asks for as much as
+    possible. Raises ValueError unless 0 < min_bytes <= max_bytes and
     min_bytes <= 2**62."""
     max_bytes, min_bytes = _integer(max_bytes, "max_bytes"), _integer(min_bytes, "min_bytes")
     if not 0 < min_bytes <= max_bytes or min_bytes > _MAX_AT_MOST:
