@@ -23,3 +23,15 @@ func newAlloc(t testing.TB, d vmm.Driver, cfg Config) *Allocator {
 func hostOpen(capacity uint64) (*host.Driver, error) {
 	return host.Open(host.Options{Capacity: capacity})
 }
+
+// underPolicies runs f as a subtest under the default page policy and
+// under the classic one (PyTorch's expandable segments' layout).
+func underPolicies(t *testing.T, f func(t *testing.T, cfg Config)) {
+	t.Helper()
+	for _, p := range []struct {
+		name string
+		cfg  Config
+	}{{"default", DefaultConfig()}, {"classic", ClassicConfig()}} {
+		t.Run(p.name, func(t *testing.T) { f(t, p.cfg) })
+	}
+}

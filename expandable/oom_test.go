@@ -160,36 +160,30 @@ func TestAllocAtMost(t *testing.T) {
 // goroutine frees on another stream, whose pages stay cached on that
 // stream until they are unmapped; it does not wait out OOMWait and fail.
 func TestOOMWaitWokenByFreeOnAnotherStream(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		cfg  Config
-	}{{"default", DefaultConfig()}, {"classic", ClassicConfig()}} {
-		t.Run(tc.name, func(t *testing.T) {
-			d := vmmtest.HostDriver(t, 100<<20)
-			cfg := tc.cfg
-			cfg.OOMWait = 2 * time.Second
-			cfg.OOMMaxRetries = 0
-			a := newAlloc(t, d, cfg)
-			s, err := d.StreamCreate(0)
-			require.NoError(t, err)
-			defer func() { require.NoError(t, d.StreamDestroy(s)) }()
-			p, err := a.Alloc(60<<20, s)
-			require.NoError(t, err)
-			var wg sync.WaitGroup
-			wg.Go(func() {
-				// Free once the allocation below waits: its log says so.
-				for a.Stats().NumAllocRetries == 0 {
-					time.Sleep(time.Millisecond)
-				}
-				require.NoError(t, a.Free(p))
-			})
-			q, err := a.Alloc(60<<20, 0)
-			require.NoError(t, err, "the freed block's pages stayed cached on the other stream")
-			wg.Wait()
-			require.Zero(t, a.Stats().NumOOMs)
-			require.NoError(t, a.Free(q))
+	underPolicies(t, func(t *testing.T, cfg Config) {
+		d := vmmtest.HostDriver(t, 100<<20)
+		cfg.OOMWait = 2 * time.Second
+		cfg.OOMMaxRetries = 0
+		a := newAlloc(t, d, cfg)
+		s, err := d.StreamCreate(0)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, d.StreamDestroy(s)) }()
+		p, err := a.Alloc(60<<20, s)
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			// Free once the allocation below waits: its log says so.
+			for a.Stats().NumAllocRetries == 0 {
+				time.Sleep(time.Millisecond)
+			}
+			require.NoError(t, a.Free(p))
 		})
-	}
+		q, err := a.Alloc(60<<20, 0)
+		require.NoError(t, err, "the freed block's pages stayed cached on the other stream")
+		wg.Wait()
+		require.Zero(t, a.Stats().NumOOMs)
+		require.NoError(t, a.Free(q))
+	})
 }
 
 // TestOOMWhenMappingsRunOut: a stream per allocation, each a range of its

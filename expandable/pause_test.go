@@ -443,42 +443,37 @@ func TestPauseCapture(t *testing.T) {
 // free blocks) gets every page back instead. Under both policies, with
 // the host driver's pages checked against ReservedBytes throughout.
 func TestPauseGivesFreePagesBack(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		cfg  Config
-	}{{"default", DefaultConfig()}, {"classic", ClassicConfig()}} {
-		t.Run(c.name, func(t *testing.T) {
-			e := newPaused(t, c.cfg)
-			bs := e.allocTagged(1*mib, 3*mib)
-			tmp := e.allocTagged(64 * mib)
-			before := e.a.Stats().ReservedBytes.All.Current
-			require.NoError(t, e.a.Free(tmp[0].ptr))
-			require.Equal(t, before, e.a.Stats().ReservedBytes.All.Current, "a live tag keeps its free pages")
-			require.NoError(t, e.a.Pause(true))
-			e.reservedIsHeld()
-			require.NoError(t, e.a.Resume())
-			e.reservedIsHeld()
-			require.NoError(t, e.intact(bs))
-			after := e.a.Stats().ReservedBytes.All.Current
-			require.LessOrEqual(t, after, before-60*mib, "Resume mapped the free pages again")
-			for _, seg := range e.a.Snapshot().Segments {
-				if seg.PrivatePool != e.id {
-					continue
-				}
-				var mapped uint64
-				for _, r := range seg.Mapped {
-					mapped += r.Size
-				}
-				require.LessOrEqual(t, mapped, 2*seg.PageSize+4*mib, "pages mapped beyond the live blocks'")
+	underPolicies(t, func(t *testing.T, cfg Config) {
+		e := newPaused(t, cfg)
+		bs := e.allocTagged(1*mib, 3*mib)
+		tmp := e.allocTagged(64 * mib)
+		before := e.a.Stats().ReservedBytes.All.Current
+		require.NoError(t, e.a.Free(tmp[0].ptr))
+		require.Equal(t, before, e.a.Stats().ReservedBytes.All.Current, "a live tag keeps its free pages")
+		require.NoError(t, e.a.Pause(true))
+		e.reservedIsHeld()
+		require.NoError(t, e.a.Resume())
+		e.reservedIsHeld()
+		require.NoError(t, e.intact(bs))
+		after := e.a.Stats().ReservedBytes.All.Current
+		require.LessOrEqual(t, after, before-60*mib, "Resume mapped the free pages again")
+		for _, seg := range e.a.Snapshot().Segments {
+			if seg.PrivatePool != e.id {
+				continue
 			}
-			again := e.allocTagged(64 * mib)
-			require.NoError(t, e.intact(bs))
-			require.NoError(t, e.a.Free(again[0].ptr))
-			for _, b := range bs {
-				require.NoError(t, e.a.Free(b.ptr))
+			var mapped uint64
+			for _, r := range seg.Mapped {
+				mapped += r.Size
 			}
-		})
-	}
+			require.LessOrEqual(t, mapped, 2*seg.PageSize+4*mib, "pages mapped beyond the live blocks'")
+		}
+		again := e.allocTagged(64 * mib)
+		require.NoError(t, e.intact(bs))
+		require.NoError(t, e.a.Free(again[0].ptr))
+		for _, b := range bs {
+			require.NoError(t, e.a.Free(b.ptr))
+		}
+	})
 }
 
 // TestResumeRestoresPeerAccess: pages mapped by Resume are granted to
