@@ -192,6 +192,7 @@ func TestFaultMatrix(t *testing.T) {
 			func(a *Allocator) error { _, err := a.Alloc(60*mib, 0); return err },
 			func(a *Allocator) error { return allocFree(a, 60*mib) }),
 		recycleAcrossStreams(recycle),
+		packFaultScenario(&held),
 		// Config.SizeClasses: a growth of the [4, 8) pages class takes
 		// the free pages of the [16, 32) class (retired on the same
 		// stream; each map, access grant and retired unmap fails in

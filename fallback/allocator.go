@@ -13,7 +13,8 @@ import (
 // allocator reads SmallPageSize and LargePageSize as segment sizes (see
 // New for the defaults it puts in their place), has no page cache
 // (PageCacheBytes is unused), and ignores the expandable allocator's page
-// policy: RecyclePages, SizeClasses, ChunkBytes and ChunkMinBytes.
+// policy: RecyclePages, SizeClasses, PackLongLived, ChunkBytes and
+// ChunkMinBytes.
 type Config = spec.Config
 
 // Allocator is the fallback allocator of one device: the block core over
@@ -43,9 +44,10 @@ type Allocator struct {
 //
 // It reads cfg as follows (Allocator.Config returns the result):
 //
-//   - RecyclePages, SizeClasses, ChunkBytes and ChunkMinBytes (XSEG_CONF's
-//     recycle_pages, size_classes, chunk_mb, chunk_min_mb) do not apply:
-//     they move pages of address ranges mapped on demand, which plain
+//   - RecyclePages, SizeClasses, PackLongLived, ChunkBytes and
+//     ChunkMinBytes (XSEG_CONF's recycle_pages, size_classes,
+//     pack_long_lived, chunk_mb, chunk_min_mb) do not apply: they move or
+//     share pages of address ranges mapped on demand, which plain
 //     allocations are not. They are ignored, turned off whatever they say,
 //     so that one configuration serves devices with and without VMM.
 //   - SmallPageSize, LargePageSize and SmallLimit (small_page_mb,
@@ -86,6 +88,7 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 // layout's defaults replaced by ClassicConfig's, as New says.
 func effectiveConfig(cfg Config) Config {
 	cfg.RecyclePages, cfg.SizeClasses, cfg.ChunkBytes, cfg.ChunkMinBytes = false, false, 0, 0
+	cfg.PackLongLived = false
 	def, classic := core.DefaultConfig(), core.ClassicConfig()
 	if cfg.LargePageSize == def.LargePageSize {
 		cfg.LargePageSize = classic.LargePageSize

@@ -13,13 +13,13 @@ import (
 )
 
 // The expandable allocator's page policy (recycle_pages, size_classes,
-// chunk_mb, chunk_min_mb) does not apply to plain allocations: it is
+// pack_long_lived, chunk_mb, chunk_min_mb) does not apply to plain allocations: it is
 // ignored, so that XSEG_CONF=size_classes:1 does not break Open where auto
 // picks fallback. size_classes:1 failed with "size_classes needs
 // recycle_pages" although recycling was never turned off.
 func TestNewIgnoresExpandablePolicy(t *testing.T) {
 	d := vmmtest.HostDriver(t, 1<<30)
-	for _, conf := range []string{"size_classes:1", "chunk_mb:64,chunk_min_mb:8", "recycle_pages:0", "recycle_pages:1,size_classes:1", ""} {
+	for _, conf := range []string{"size_classes:1", "chunk_mb:64,chunk_min_mb:8", "recycle_pages:0", "recycle_pages:1,size_classes:1", "pack_long_lived:1", ""} {
 		cfg, err := spec.ParseConfig(spec.DefaultConfig(), conf)
 		require.NoError(t, err, conf)
 		a, err := New(d, 0, cfg, nil)
@@ -27,6 +27,7 @@ func TestNewIgnoresExpandablePolicy(t *testing.T) {
 		got := a.Config()
 		require.False(t, got.RecyclePages, conf)
 		require.False(t, got.SizeClasses, conf)
+		require.False(t, got.PackLongLived, conf)
 		require.Zero(t, got.ChunkBytes, conf)
 		require.Zero(t, got.ChunkMinBytes, conf)
 		c := core.ClassicConfig()

@@ -85,6 +85,23 @@ type Config struct {
 	// (bench/RESULTS.md round 29). For memory-bound work whose host time
 	// is not what limits it. The expandable allocator only.
 	SizeClasses bool
+	// PackLongLived: a request of a page or more, not a whole number of
+	// pages, that is predicted to outlive the temporaries allocated
+	// around it goes to the free block at the lowest address that fits it
+	// among the pages already mapped (never a hole it would map pages
+	// for; none: placed as any other request). Long-lived blocks then lie
+	// side by side and share the pages they partly fill, where best fit
+	// would put each at the start of a temporary's freed pages and leave
+	// the rest of its last page stranded once the pages around it are
+	// recycled. The prediction stands in for the call site an allocator
+	// cannot see: the request's size and the sizes of its stream's last
+	// three requests of a page or more; a block is predicted long-lived
+	// when the last block allocated at that point of the sequence is
+	// still allocated (a model's KV cache, weights and saved
+	// activations, not its temporaries). It moves no pages and makes no
+	// range; a wrong prediction costs placement, never correctness.
+	// bench/RESULTS.md round 41. The expandable allocator only.
+	PackLongLived bool
 	// ChunkBytes: a growth of the expandable allocator at the end of its
 	// range backs the pages that lie wholly inside the block it grows for
 	// with physical allocations ("chunks") of up to this many bytes,
@@ -149,6 +166,7 @@ func DefaultConfig() Config {
 		LargePageSize:  2 * MiB,
 		SmallLimit:     0,
 		RecyclePages:   true,
+		PackLongLived:  true,
 		ChunkBytes:     1024 * MiB,
 		PageCacheBytes: 128 * MiB,
 		OOMDelay:       100 * time.Millisecond,
@@ -164,7 +182,7 @@ func DefaultConfig() Config {
 func ClassicConfig() Config {
 	c := DefaultConfig()
 	c.SmallPageSize, c.LargePageSize, c.SmallLimit = 2*MiB, 20*MiB, 1*MiB
-	c.RecyclePages, c.ChunkBytes = false, 0
+	c.RecyclePages, c.ChunkBytes, c.PackLongLived = false, 0, false
 	return c
 }
 
@@ -191,15 +209,16 @@ func ClassicConfig() Config {
 // DefaultConfig; XSEG_CONF's "policy:steady" selects it.
 func SteadyConfig() Config {
 	c := DefaultConfig()
-	c.RecyclePages, c.ChunkBytes, c.PageCacheBytes = false, 64*MiB, 0
+	c.RecyclePages, c.ChunkBytes, c.PageCacheBytes, c.PackLongLived = false, 64*MiB, 0, false
 	return c
 }
 
 // setPagePolicy sets c's page policy's fields (page sizes, small limit,
-// recycling, chunks, size classes, page cache) to p's.
+// recycling, chunks, size classes, packing, page cache) to p's.
 func (c *Config) setPagePolicy(p Config) {
 	c.SmallPageSize, c.LargePageSize, c.SmallLimit = p.SmallPageSize, p.LargePageSize, p.SmallLimit
 	c.RecyclePages, c.ChunkBytes, c.ChunkMinBytes, c.SizeClasses = p.RecyclePages, p.ChunkBytes, p.ChunkMinBytes, p.SizeClasses
+	c.PackLongLived = p.PackLongLived
 	c.PageCacheBytes = p.PageCacheBytes
 }
 
@@ -248,13 +267,14 @@ var configKeys = map[string]func(c *Config, v string) error{
 	"whole_pages":          boolean(func(c *Config) *bool { return &c.WholePages }),
 	"recycle_pages":        boolean(func(c *Config) *bool { return &c.RecyclePages }),
 	"size_classes":         boolean(func(c *Config) *bool { return &c.SizeClasses }),
+	"pack_long_lived":      boolean(func(c *Config) *bool { return &c.PackLongLived }),
 	"chunk_mb":             mib(func(c *Config) *uint64 { return &c.ChunkBytes }, MiB),
 	"chunk_min_mb":         mib(func(c *Config) *uint64 { return &c.ChunkMinBytes }, MiB),
 	"policy":               setPolicy,
 }
 
 // setPolicy sets the page policy's fields (page sizes, small limit,
-// recycling, chunks, page cache) to ClassicConfig's, SteadyConfig's or
+// recycling, chunks, packing, page cache) to ClassicConfig's, SteadyConfig's or
 // DefaultConfig's; keys after it change them further.
 func setPolicy(c *Config, v string) error {
 	switch v {
@@ -368,6 +388,7 @@ func setFactor(c *Config, v string) error {
 //	whole_pages                    WholePages (true/false/1/0)
 //	recycle_pages                  RecyclePages (true/false/1/0)
 //	size_classes                   SizeClasses (true/false/1/0)
+//	pack_long_lived                PackLongLived (true/false/1/0)
 //	chunk_mb                       ChunkBytes (MiB, 0 = off; whole pages)
 //	chunk_min_mb                   ChunkMinBytes (MiB)
 //	policy                         "classic": the page policy of

@@ -48,7 +48,10 @@ type block struct {
 	freed uint64
 	// iso is the Heap's shape (heapMu.shape) when the block was last
 	// seen isolated; while the shape stays, it still is (popExact).
-	iso     uint64
+	iso uint64
+	// born is the serial Config.PackLongLived's table recorded this
+	// allocation with (pack.go), 0 for any other.
+	born    uint64
 	state   blockState
 	inExact bool
 	// deferred: freed while a pool was active, its stream events not yet
@@ -94,6 +97,9 @@ type state struct {
 	filled []*exactList
 	free   *btree.BTreeG[*block] // coalesced free blocks by (size, ptr)
 	pivot  block
+	// lastLarge are the sizes of the last requests of a page or more
+	// under Config.PackLongLived, the latest first (pack.go).
+	lastLarge [packContext]uint64
 	// freeBytes is the size of all free blocks (both structures).
 	freeBytes uint64
 }
@@ -239,6 +245,24 @@ func (s *state) bestFit(size uint64) *block {
 		}
 		found = b
 		return b.next != nil && b.next.state == stUnmapped
+	})
+	if found != nil {
+		s.removeFree(found)
+	}
+	return found
+}
+
+// lowestFit takes the coalesced free block at the lowest address of at
+// least size bytes (Config.PackLongLived), or nil. It visits every free
+// block that fits: few, as the requests it serves are a page or more.
+func (s *state) lowestFit(size uint64) *block {
+	s.pivot.size, s.pivot.ptr = size, 0
+	var found *block
+	s.free.AscendGreaterOrEqual(&s.pivot, func(b *block) bool {
+		if found == nil || b.ptr < found.ptr {
+			found = b
+		}
+		return true
 	})
 	if found != nil {
 		s.removeFree(found)

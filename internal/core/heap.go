@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/bits"
 	"slices"
 
@@ -35,6 +36,12 @@ type Heap struct {
 	// classPage is, by pool, the page size classOf divides a request by
 	// under Config.SizeClasses; 0 without it.
 	classPage [NumPools]uint64
+	// packPage is, by pool, the page size under Config.PackLongLived
+	// (pack.go), 0 without it; packFrom the smallest request that takes
+	// the slow path for its prediction (the pool's page size; without
+	// it, none: math.MaxUint64).
+	packPage [NumPools]uint64
+	packFrom [NumPools]uint64
 	// classes are cfg's shared pools (Config.PoolClasses), kept for the
 	// allocation path.
 	classes [NumPools]spec.PoolClass
@@ -113,6 +120,7 @@ type heapMu struct {
 	// trimFloor is, under ReleasePolicy.WholeSegments, the free bytes
 	// over the threshold that the last release left (release.go).
 	trimFloor uint64
+	pack      packer   // Config.PackLongLived (pack.go)
 	hist      *history // the allocation history, nil while off (history.go)
 	// quiet: an Alloc can take a parked block at once (warmAllocLocked);
 	// plain: a Free of a block of a shared pool, used on its stream only,
@@ -195,6 +203,12 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 	if cfg.SizeClasses {
 		for _, p := range spec.Pools() {
 			h.classPage[p] = h.classes[p].PageSize
+		}
+	}
+	for _, p := range spec.Pools() {
+		h.packFrom[p] = math.MaxUint64
+		if cfg.PackLongLived {
+			h.packPage[p], h.packFrom[p] = h.classes[p].PageSize, h.classes[p].PageSize
 		}
 	}
 	for _, p := range spec.Pools() {
@@ -302,7 +316,10 @@ func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 	rs, pool := h.sizeClass(size)
 	c := h.classOf(rs, pool)
 	h.mu.Lock()
-	if h.warmAllocLocked(s) && size <= h.limit && rs >= size {
+	// A request of a page or more under Config.PackLongLived takes the
+	// slow path, where it is predicted (pack.go): the prediction's keys
+	// need every such request.
+	if h.warmAllocLocked(s) && size <= h.limit && rs >= size && rs < h.packFrom[pool] {
 		st := h.mu.def[pool][c]
 		if s != 0 || st == nil {
 			st = h.stateLocked(s, pool, c)
@@ -418,14 +435,21 @@ func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool,
 	// neighbour of a parked block: a new shape, so that no earlier look
 	// is trusted.
 	h.mu.shape++
-	b := st.popExact(rs, h.mu.shape)
+	long, slot, key := h.packClassLocked(st, rs)
+	var b *block
+	if !long {
+		b = st.popExact(rs, h.mu.shape)
+	}
 	if b == nil {
 		var err error
-		if b, err = h.allocSlowLocked(st, rs, size, final); err != nil {
+		if b, err = h.allocSlowLocked(st, rs, size, final, long); err != nil {
 			return nil, err
 		}
 	}
 	b = h.handOutLocked(b, rs, size)
+	if slot >= 0 {
+		h.noteBornLocked(slot, key, b)
+	}
 	if invariantsOn {
 		h.checkLocked()
 	}
@@ -444,6 +468,7 @@ func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool,
 func (h *Heap) handOutLocked(b *block, rs, req uint64) *block {
 	b.state = stAllocated
 	b.requested = req
+	b.born = 0
 	if b.size-rs >= MinBlock {
 		r := h.splitAt(b, rs)
 		h.coalesce(r)

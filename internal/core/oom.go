@@ -28,11 +28,18 @@ import (
 // It releases the lock while it waits or sleeps; an allocation whose tag
 // was paused meanwhile fails with ErrPaused, one whose private pool was
 // given back with vmm.ErrInvalid (goneLocked).
-func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final bool) (*block, error) {
+func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final, long bool) (*block, error) {
 	if st.key.private.IsZero() {
 		h.touchMarksLocked(st.key.stream)
 	}
-	b, err := h.findLocked(st, rs)
+	var b *block
+	if long {
+		b = h.firstFitLocked(st, rs)
+	}
+	var err error
+	if b == nil {
+		b, err = h.findLocked(st, rs)
+	}
 	if !errors.Is(err, vmm.ErrOutOfMemory) {
 		return b, wrapAlloc(req, err)
 	}

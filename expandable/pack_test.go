@@ -1,0 +1,284 @@
+package expandable
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xseg-dev/xseg/vmm"
+	"github.com/xseg-dev/xseg/vmm/vmmtest"
+)
+
+// packConfig is the default configuration with Config.PackLongLived set
+// to pack and no chunks (a chunk a block would end inside is split, which
+// moves where the next block can go: chunks_test.go covers that).
+func packConfig(pack bool) Config {
+	cfg := DefaultConfig()
+	cfg.PackLongLived = pack
+	cfg.ChunkBytes = 0
+	cfg.OOMMaxRetries = 0
+	return cfg
+}
+
+// packSizes: kvSize is not a whole number of pages (a KV-cache tensor's
+// 5 MiB and a row), tmpSize a temporary's.
+const kvSize, tmpSize = 5*mib + 512, 9*mib + 4096
+
+// scatterFreed allocates n blocks of kvSize, each followed by a
+// temporary of tmpSize, and frees them all: blocks of kvSize at scattered
+// addresses wait in the exact-size lists, where best fit takes them.
+func scatterFreed(t *testing.T, a *Allocator, n int) {
+	t.Helper()
+	var held []vmm.DevicePtr
+	for range n {
+		ps, err := alloc(a, kvSize, tmpSize)
+		require.NoError(t, err)
+		held = append(held, ps...)
+	}
+	for _, p := range held {
+		require.NoError(t, a.Free(p))
+	}
+}
+
+// TestPackLongLivedPacksByAddress: eight blocks of one size allocated in a
+// row, each alive when the next comes. From the fifth on (the first four
+// fill the key's context of three earlier sizes and its table entry) each
+// is predicted long-lived and goes to the lowest free block that fits, so
+// they lie side by side; without PackLongLived best fit hands out the
+// freed blocks of their size, 14 MiB apart. After the rest is freed and
+// the cache emptied, the packed blocks hold fewer pages.
+func TestPackLongLivedPacksByAddress(t *testing.T) {
+	reserved := map[bool]int64{}
+	for _, pack := range []bool{false, true} {
+		a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), packConfig(pack))
+		scatterFreed(t, a, 8)
+		ks, err := alloc(a, kvSize, kvSize, kvSize, kvSize, kvSize, kvSize, kvSize, kvSize)
+		require.NoError(t, err)
+		side := 0
+		for i := 4; i+1 < len(ks); i++ {
+			if ks[i+1] == ks[i].Add(kvSize) {
+				side++
+			}
+		}
+		if pack {
+			require.Equal(t, 3, side, "blocks 5 to 8 lie side by side: %v", ks)
+		} else {
+			require.Zero(t, side, "best fit takes the freed blocks of the size: %v", ks)
+		}
+		require.NoError(t, a.EmptyCache())
+		reserved[pack] = a.Stats().ReservedBytes.All.Current
+		for _, p := range ks {
+			require.NoError(t, a.Free(p))
+		}
+	}
+	require.Less(t, reserved[true], reserved[false], "packed blocks share their partly used pages")
+}
+
+// TestPackLongLivedMapsNothingMore: a long-lived block is packed only into
+// pages already mapped; where none fits it is placed as any request is.
+// Blocks that all grow the range, and requests of whole pages (never
+// predicted: they fill every page they touch), land where they land
+// without PackLongLived, with the same maps.
+func TestPackLongLivedMapsNothingMore(t *testing.T) {
+	for _, sizes := range [][]uint64{
+		{kvSize, kvSize, kvSize, kvSize, kvSize, kvSize, kvSize},
+		{4 * mib, 4 * mib, 4 * mib, 4 * mib, 4 * mib, 4 * mib},
+	} {
+		var got [2][]vmm.DevicePtr
+		var maps [2]uint64
+		for i, pack := range []bool{false, true} {
+			d := &countingDriver{Driver: vmmtest.HostDriver(t, 1<<30)}
+			a := newAlloc(t, d, packConfig(pack))
+			if sizes[0]%(2*mib) == 0 {
+				scatterFreedWhole(t, a, sizes[0])
+			}
+			ps, err := alloc(a, sizes...)
+			require.NoError(t, err)
+			maps[i] = d.maps()
+			base := baseOf(t, a, ps[0])
+			for _, p := range ps {
+				got[i] = append(got[i], p-base)
+				require.NoError(t, a.Free(p))
+			}
+		}
+		require.Equal(t, got[0], got[1], "sizes %v: placed as without PackLongLived", sizes)
+		require.Equal(t, maps[0], maps[1], "sizes %v: the same maps", sizes)
+	}
+}
+
+// scatterFreedWhole is scatterFreed for blocks of size, a whole number
+// of pages.
+func scatterFreedWhole(t *testing.T, a *Allocator, size uint64) {
+	t.Helper()
+	var held []vmm.DevicePtr
+	for range 6 {
+		ps, err := alloc(a, size, tmpSize)
+		require.NoError(t, err)
+		held = append(held, ps...)
+	}
+	for _, p := range held {
+		require.NoError(t, a.Free(p))
+	}
+}
+
+// countingDriver counts the driver's Map calls.
+type countingDriver struct {
+	vmm.Driver
+	mu sync.Mutex
+	n  uint64
+}
+
+func (d *countingDriver) Map(va vmm.DevicePtr, size uint64, h vmm.Handle, offset uint64) error {
+	d.mu.Lock()
+	d.n++
+	d.mu.Unlock()
+	return d.Driver.Map(va, size, h, offset)
+}
+
+func (d *countingDriver) maps() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.n
+}
+
+// TestPackLongLivedNotInPrivatePools: a capture's private pool (a CUDA
+// graph's memory) is laid out as without PackLongLived: a graph replays
+// the addresses it was captured with, and nothing there is predicted.
+func TestPackLongLivedNotInPrivatePools(t *testing.T) {
+	var got [2][]vmm.DevicePtr
+	for i, pack := range []bool{false, true} {
+		a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), packConfig(pack))
+		id := pid(2)
+		require.NoError(t, a.BeginAllocateToPool(id, func(vmm.Stream) bool { return true }))
+		scatterFreed(t, a, 8)
+		ks, err := alloc(a, kvSize, kvSize, kvSize, kvSize, kvSize, kvSize, kvSize, kvSize)
+		require.NoError(t, err)
+		require.NoError(t, a.EndAllocateToPool(id))
+		got[i] = make([]vmm.DevicePtr, len(ks))
+		for j, p := range ks {
+			got[i][j] = p - ks[0]
+			require.NoError(t, a.Free(p))
+		}
+		require.NoError(t, a.ReleasePool(id))
+	}
+	require.Equal(t, got[0], got[1])
+}
+
+// TestPackLongLivedOutOfMemory: a request predicted long-lived that fits
+// nowhere goes through the OOM policy as any other, fails with
+// vmm.ErrOutOfMemory leaving nothing behind, and succeeds once memory is
+// freed; the block it then gets is packed after the live ones.
+func TestPackLongLivedOutOfMemory(t *testing.T) {
+	d := vmmtest.HostDriver(t, 48*mib)
+	a := newAlloc(t, d, packConfig(true))
+	ks, err := alloc(a, kvSize, kvSize, kvSize, kvSize)
+	require.NoError(t, err)
+	big, err := a.Alloc(24*mib, 0)
+	require.NoError(t, err)
+	before := a.Stats()
+	_, err = a.Alloc(kvSize, 0) // predicted long-lived (ks[3] is alive)
+	require.ErrorIs(t, err, vmm.ErrOutOfMemory)
+	after := a.Stats()
+	require.Equal(t, before.AllocatedBytes.All.Current, after.AllocatedBytes.All.Current)
+	require.NoError(t, a.Free(big))
+	p, err := a.Alloc(kvSize, 0)
+	require.NoError(t, err)
+	require.Equal(t, ks[3].Add(kvSize), p, "packed after the last long-lived block, in the pages big freed")
+	for _, q := range append(ks, p) {
+		require.NoError(t, a.Free(q))
+	}
+	require.NoError(t, a.EmptyCache())
+	require.Zero(t, a.Stats().ReservedBytes.All.Current)
+}
+
+// TestPackLongLivedConcurrent: goroutines on streams of their own (and
+// two on the default stream) allocate and free long-lived and temporary
+// blocks at once under PackLongLived, with chunks: under -race, and the
+// heap's invariants and the blocks' disjointness hold.
+func TestPackLongLivedConcurrent(t *testing.T) {
+	d := vmmtest.HostDriver(t, 8<<30)
+	cfg := DefaultConfig()
+	cfg.OOMMaxRetries = 0
+	a := newAlloc(t, d, cfg)
+	var wg sync.WaitGroup
+	errs := make([]error, 6)
+	for g := range errs {
+		s := vmm.Stream(0)
+		if g >= 2 {
+			var err error
+			s, err = d.StreamCreate(0)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = d.StreamDestroy(s) })
+		}
+		wg.Go(func() { errs[g] = packSteps(a, s, uint64(g)) })
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	require.Zero(t, a.Stats().AllocatedBytes.All.Current)
+	require.NoError(t, a.EmptyCache())
+	require.Zero(t, a.Stats().ReservedBytes.All.Current)
+}
+
+// packSteps is one goroutine of TestPackLongLivedConcurrent: 40 steps,
+// each a temporary and a block kept for five steps, sizes varied by g
+// and the step.
+func packSteps(a *Allocator, s vmm.Stream, g uint64) (err error) {
+	var kv []vmm.DevicePtr
+	defer func() {
+		for _, k := range kv {
+			err = errors.Join(err, a.Free(k))
+		}
+	}()
+	for step := range uint64(40) {
+		tmp, err := a.Alloc(tmpSize+g*4096, s)
+		if err != nil {
+			return err
+		}
+		k, err := a.Alloc(kvSize+step%7*512, s)
+		if err != nil {
+			return errors.Join(err, a.Free(tmp))
+		}
+		kv = append(kv, k)
+		if err := a.Free(tmp); err != nil {
+			return err
+		}
+		if len(kv) > 5 {
+			if err := a.Free(kv[0]); err != nil {
+				return err
+			}
+			kv = kv[1:]
+		}
+	}
+	return nil
+}
+
+// packFaultScenario: a request predicted long-lived carved from the free
+// chunked pages at the range's start, ending inside a chunk: the sync,
+// the chunk's unmap and release, and the growth after it each fail in
+// turn (TestFaultMatrix runs it).
+func packFaultScenario(held *[]vmm.DevicePtr) vmmtest.Scenario {
+	cfg := chunksRecycleConfig()
+	cfg.PackLongLived = true
+	return allocScenario("pack-long-lived-chunk-split", cfg,
+		func(a *Allocator) error {
+			var err error
+			if *held, err = alloc(a, 64*mib, kvSize, kvSize, kvSize, kvSize); err != nil {
+				return err
+			}
+			return a.Free((*held)[0])
+		},
+		func(a *Allocator) error {
+			p, err := a.Alloc(kvSize, 0)
+			if err != nil {
+				return err
+			}
+			if p != (*held)[0] {
+				return errors.Join(fmt.Errorf("predicted long-lived, placed at %v, not at the lowest free block %v", p, (*held)[0]), a.Free(p))
+			}
+			return nil
+		},
+		func(a *Allocator) error { return allocFree(a, kvSize) })
+}

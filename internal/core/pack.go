@@ -1,0 +1,131 @@
+package core
+
+// Packing of blocks predicted long-lived (Config.PackLongLived).
+//
+// A block that outlives the temporaries around it strands the free rest
+// of the pages it partly fills once the pages around it are recycled:
+// best fit puts a KV-cache tensor where a temporary of its size was just
+// freed, at the start of that temporary's pages, and when the
+// temporaries around it go, the rest of its last page stays mapped and
+// free, too small for anything else, until the tensor is freed. Placed
+// side by side, long-lived blocks share those pages instead. So a
+// request predicted long-lived goes to the free block at the lowest
+// address that fits it, among the pages already mapped: packing by
+// address, as first fit does, without mapping a page for it (a hole
+// grown into for a long-lived block at every step of a decode loop
+// would move pages at every step; bench/RESULTS.md round 40).
+//
+// The prediction stands in for the call site, which an allocator does
+// not see: the request's size and the sizes of the last packContext
+// requests of a page or more in its range (its stream and pool). A
+// program that repeats a sequence of allocations (a model's layers, a
+// loop's steps) repeats these keys. A request is predicted long-lived
+// when the last block allocated under its key is still allocated: the
+// key's blocks outlive one turn of the sequence (layer i's K and V find
+// layer i-1's alive; a temporary finds its predecessor freed). Keys live
+// in a direct-mapped table of packSlots entries; two keys in one slot
+// forget the older one, which costs a prediction, never correctness:
+// either placement holds any block.
+
+// packContext is how many earlier requests of a page or more a key
+// holds.
+const packContext = 3
+
+// packSlots is the size of the table of keys (a power of two).
+const packSlots = 1 << 12
+
+// packKey names a point of a range's sequence of large requests; the
+// range is st, a state of the shared pools (never dropped while the Heap
+// lives: only private pools' states are).
+type packKey struct {
+	st   *state
+	size uint64
+	ctx  [packContext]uint64
+}
+
+// packEntry is the last block allocated under a key, with the serial it
+// was handed out with: the block is that allocation while it is
+// allocated with that serial (block structs are reused).
+type packEntry struct {
+	key  packKey
+	b    *block
+	born uint64
+}
+
+// packer is the prediction's state, under the Heap's lock.
+type packer struct {
+	table  []packEntry // packSlots entries, made on first use
+	serial uint64
+}
+
+// packClassLocked predicts a request of rs bytes in st under
+// Config.PackLongLived: long-lived or not, and the table slot to record
+// the block handed out for it in (noteBornLocked), -1 for none. Requests
+// under a page are neither predicted nor part of any key.
+func (h *Heap) packClassLocked(st *state, rs uint64) (long bool, slot int, key packKey) {
+	ps := h.packPage[st.key.pool]
+	if ps == 0 || rs < ps || !st.key.private.IsZero() {
+		return false, -1, packKey{}
+	}
+	p := &h.mu.pack
+	if p.table == nil {
+		p.table = make([]packEntry, packSlots)
+	}
+	key = packKey{st: st, size: rs, ctx: st.lastLarge}
+	copy(st.lastLarge[1:], st.lastLarge[:packContext-1])
+	st.lastLarge[0] = rs
+	slot = packSlot(key)
+	e := &p.table[slot]
+	// A whole number of pages fills every page it touches: nothing to
+	// share, so best fit and the exact-size lists serve it as well.
+	long = e.key == key && e.b != nil && e.b.state == stAllocated && e.b.born == e.born && rs%ps != 0
+	if debugPack {
+		println("pack", rs, long, slot, e.key == key, e.b != nil)
+	}
+	return long, slot, key
+}
+
+var debugPack = false
+
+// noteBornLocked records b, just handed out for the request whose key is
+// key, in slot as the key's last block.
+func (h *Heap) noteBornLocked(slot int, key packKey, b *block) {
+	p := &h.mu.pack
+	p.serial++
+	b.born = p.serial
+	p.table[slot] = packEntry{key: key, b: b, born: b.born}
+}
+
+// packSlot hashes k into the table.
+func packSlot(k packKey) int {
+	x := packMix(uint64(k.st.key.stream) ^ packMix(k.size) ^ uint64(k.st.key.pool)<<56)
+	for _, c := range k.ctx {
+		x = packMix(x ^ c)
+	}
+	return int(x & (packSlots - 1))
+}
+
+// packMix is SplitMix64's finalizer: every input bit moves every output
+// bit, so that sizes that differ only in their high bits (multiples of a
+// page) spread over the table.
+func packMix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// firstFitLocked takes the free block of st at the lowest address that
+// fits rs bytes, out of the free structures, or nil: mapped pages only,
+// as the exact-size lists are flushed into the tree first and a hole is
+// never grown into here. A block that would end inside a chunk going on
+// past it is split as findLocked's best fit does (splitChunkLocked).
+func (h *Heap) firstFitLocked(st *state, rs uint64) *block {
+	h.flush(st)
+	for {
+		b := st.lowestFit(rs)
+		if b == nil || h.bounds == nil || !h.splitChunkLocked(b, rs) {
+			return b
+		}
+	}
+}
