@@ -253,13 +253,14 @@ func (s *state) bestFit(size uint64) *block {
 }
 
 // lowestFit takes the coalesced free block at the lowest address of at
-// least size bytes (Config.PackLongLived), or nil. It visits every free
-// block that fits: few, as the requests it serves are a page or more.
-func (s *state) lowestFit(size uint64) *block {
+// least size bytes that ok accepts (Config.PackLongLived), or nil. It
+// visits every free block that fits: few, as the requests it serves are
+// a page or more.
+func (s *state) lowestFit(size uint64, ok func(*block) bool) *block {
 	s.pivot.size, s.pivot.ptr = size, 0
 	var found *block
 	s.free.AscendGreaterOrEqual(&s.pivot, func(b *block) bool {
-		if found == nil || b.ptr < found.ptr {
+		if (found == nil || b.ptr < found.ptr) && ok(b) {
 			found = b
 		}
 		return true

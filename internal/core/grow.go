@@ -44,18 +44,11 @@ func (h *Heap) splitChunkLocked(b *block, rs uint64) bool {
 	if h.pagesStayPut() {
 		return false
 	}
+	lo, hi, ok := h.chunkToSplit(b, rs)
+	if !ok {
+		return false
+	}
 	seg := b.seg
-	end := b.ptr.Add(rs)
-	if end >= b.end() || h.capturingLocked() || !seg.st.key.private.IsZero() {
-		return false
-	}
-	ps := seg.PageSize
-	last := int(uint64(end-1-seg.Base) / ps) // the page the block ends in
-	f, n := h.bounds.AllocBounds(seg, last)
-	lo, hi := seg.Base.Add(uint64(f)*ps), seg.Base.Add(uint64(f+n)*ps)
-	if n <= 1 || f+n <= last+1 || lo < b.ptr || hi > b.end() {
-		return false
-	}
 	b.seg.st.insertFree(b)
 	if err := h.quiesceLocked(seg, b); err != nil {
 		h.log.Warn("xseg: waiting before splitting a physical allocation", "err", err)
@@ -72,6 +65,24 @@ func (h *Heap) splitChunkLocked(b *block, rs uint64) bool {
 		return false
 	}
 	return true
+}
+
+// chunkToSplit is the chunk splitChunkLocked would unmap for a block of
+// rs bytes carved from the start of free block b, if any.
+func (h *Heap) chunkToSplit(b *block, rs uint64) (lo, hi vmm.DevicePtr, ok bool) {
+	seg := b.seg
+	end := b.ptr.Add(rs)
+	if end >= b.end() || h.capturingLocked() || !seg.st.key.private.IsZero() {
+		return 0, 0, false
+	}
+	ps := seg.PageSize
+	last := int(uint64(end-1-seg.Base) / ps) // the page the block ends in
+	f, n := h.bounds.AllocBounds(seg, last)
+	lo, hi = seg.Base.Add(uint64(f)*ps), seg.Base.Add(uint64(f+n)*ps)
+	if n <= 1 || f+n <= last+1 || lo < b.ptr || hi > b.end() {
+		return 0, 0, false
+	}
+	return lo, hi, true
 }
 
 // growLocked maps new pages for rs bytes: at the lowest hole of st's

@@ -118,14 +118,18 @@ func packMix(x uint64) uint64 {
 // firstFitLocked takes the free block of st at the lowest address that
 // fits rs bytes, out of the free structures, or nil: mapped pages only,
 // as the exact-size lists are flushed into the tree first and a hole is
-// never grown into here. A block that would end inside a chunk going on
-// past it is split as findLocked's best fit does (splitChunkLocked).
+// never grown into here. A free block the request would end inside a
+// chunk of (one physical allocation going on past it) is passed over:
+// best fit would split the chunk, unmapping it and mapping its pages one
+// by one, a cost packing is not worth (GPT-2's first step made 1,150
+// maps more with it, bench/RESULTS.md round 41).
 func (h *Heap) firstFitLocked(st *state, rs uint64) *block {
 	h.flush(st)
-	for {
-		b := st.lowestFit(rs)
-		if b == nil || h.bounds == nil || !h.splitChunkLocked(b, rs) {
-			return b
+	return st.lowestFit(rs, func(b *block) bool {
+		if h.bounds == nil || h.pagesStayPut() {
+			return true
 		}
-	}
+		_, _, split := h.chunkToSplit(b, rs)
+		return !split
+	})
 }
