@@ -272,3 +272,47 @@ func packFaultScenario(held *[]vmm.DevicePtr) vmmtest.Scenario {
 		func(a *Allocator) error { _, err := a.Alloc(kvSize, 0); return err },
 		func(a *Allocator) error { return allocFree(a, kvSize) })
 }
+
+// TestPackLongLivedPassesOverChunks: three free blocks fit a request
+// predicted long-lived: the lowest a chunk (one physical allocation of
+// 40 MiB) the request would end inside, one of pages above it, and a
+// smaller one of pages above that. Best fit takes the smallest; packing
+// takes the lowest it can have without splitting the chunk (which
+// would unmap it and map its pages one by one), the middle one, and
+// unmaps nothing.
+func TestPackLongLivedPassesOverChunks(t *testing.T) {
+	const req = 2*mib + 512
+	const chunk, mid, small, fence = 40 * mib, 3 * mib, 2*mib + 4096, 1 * mib
+	for _, pack := range []bool{false, true} {
+		cfg := packConfig(pack)
+		cfg.ChunkBytes = 64 * mib
+		a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), cfg)
+		c, err := a.Alloc(chunk, 0)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, a.Stats().PagesCreated, "a growth at the frontier: one chunk")
+		ps, err := alloc(a, fence, mid, fence, small, fence)
+		require.NoError(t, err)
+		m, s := ps[1], ps[3]
+		require.Less(t, c, m)
+		require.Less(t, m, s)
+		// Four requests of req in a row, alive: the fourth leaves its key
+		// (req after three of req) in the table with a live block.
+		held, err := alloc(a, req, req, req, req)
+		require.NoError(t, err)
+		for _, p := range []vmm.DevicePtr{c, m, s} {
+			require.NoError(t, a.Free(p))
+		}
+		unmaps := a.Stats().Unmaps
+		p, err := a.Alloc(req, 0)
+		require.NoError(t, err)
+		if pack {
+			require.Equal(t, m, p, "the lowest free block it ends in no chunk of")
+		} else {
+			require.Equal(t, s, p, "best fit: the smallest free block")
+		}
+		require.Equal(t, unmaps, a.Stats().Unmaps, "no chunk split")
+		for _, q := range append(append(held, p), ps[0], ps[2], ps[4]) {
+			require.NoError(t, a.Free(q))
+		}
+	}
+}

@@ -36,11 +36,9 @@ type Heap struct {
 	// classPage is, by pool, the page size classOf divides a request by
 	// under Config.SizeClasses; 0 without it.
 	classPage [NumPools]uint64
-	// packPage is, by pool, the page size under Config.PackLongLived
-	// (pack.go), 0 without it; packFrom the smallest request that takes
-	// the slow path for its prediction (the pool's page size; without
-	// it, none: math.MaxUint64).
-	packPage [NumPools]uint64
+	// packFrom is, by pool, the page size under Config.PackLongLived
+	// (pack.go): the smallest request predicted, which takes the slow
+	// path for it; without it, math.MaxUint64 (none).
 	packFrom [NumPools]uint64
 	// classes are cfg's shared pools (Config.PoolClasses), kept for the
 	// allocation path.
@@ -208,7 +206,7 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 	for _, p := range spec.Pools() {
 		h.packFrom[p] = math.MaxUint64
 		if cfg.PackLongLived {
-			h.packPage[p], h.packFrom[p] = h.classes[p].PageSize, h.classes[p].PageSize
+			h.packFrom[p] = h.classes[p].PageSize
 		}
 	}
 	for _, p := range spec.Pools() {

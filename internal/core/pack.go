@@ -1,5 +1,7 @@
 package core
 
+import "math"
+
 // Packing of blocks predicted long-lived (Config.PackLongLived).
 //
 // A block that outlives the temporaries around it strands the free rest
@@ -63,8 +65,8 @@ type packer struct {
 // the block handed out for it in (noteBornLocked), -1 for none. Requests
 // under a page are neither predicted nor part of any key.
 func (h *Heap) packClassLocked(st *state, rs uint64) (long bool, slot int, key packKey) {
-	ps := h.packPage[st.key.pool]
-	if ps == 0 || rs < ps || !st.key.private.IsZero() {
+	ps := h.packFrom[st.key.pool]
+	if ps == math.MaxUint64 || rs < ps || !st.key.private.IsZero() {
 		return false, -1, packKey{}
 	}
 	p := &h.mu.pack
@@ -79,13 +81,8 @@ func (h *Heap) packClassLocked(st *state, rs uint64) (long bool, slot int, key p
 	// A whole number of pages fills every page it touches: nothing to
 	// share, so best fit and the exact-size lists serve it as well.
 	long = e.key == key && e.b != nil && e.b.state == stAllocated && e.b.born == e.born && rs%ps != 0
-	if debugPack {
-		println("pack", rs, long, slot, e.key == key, e.b != nil)
-	}
 	return long, slot, key
 }
-
-var debugPack = false
 
 // noteBornLocked records b, just handed out for the request whose key is
 // key, in slot as the key's last block.
