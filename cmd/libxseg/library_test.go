@@ -80,7 +80,7 @@ func TestLibraryAllocFree(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, known, "memory xseg never handed out")
 	known, err = l.recordStream(a, vmm.Stream(0x1234))
-	require.ErrorContains(t, err, "not a live stream", "xseg's block, a stream that is not live")
+	require.ErrorContains(t, err, "stream 0x1234 cannot be used on device 0: ", "xseg's block, a stream that is not live")
 	require.True(t, known, "the block is xseg's: the caller must hear of the failure")
 
 	require.NoError(t, l.free(a, 0))

@@ -1,6 +1,8 @@
 package core_test
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -162,6 +164,10 @@ func TestStreamCheckedOnce(t *testing.T) {
 		require.NoError(t, a.EmptyCache(), "the stream's segment is given back after a device sync")
 		_, err = a.Alloc(mib, s)
 		require.ErrorIs(t, err, vmm.ErrInvalid, "found destroyed: checked again")
+		// Said once, with the driver's reason (a stream of another device
+		// is live, so the allocator's own words must not say "not live").
+		require.ErrorContains(t, err, fmt.Sprintf("stream %#x cannot be used on device 0: ", uintptr(s)))
+		require.Equal(t, 1, strings.Count(err.Error(), "not live"), "%v", err)
 	})
 }
 

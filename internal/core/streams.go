@@ -114,7 +114,8 @@ func (h *Heap) syncStreamLocked(s vmm.Stream) error {
 const maxStreams = 4096
 
 // checkStreamLocked fails with an error matching vmm.ErrInvalid unless s
-// is a live stream: Alloc and RecordStream refuse a stream that is not,
+// is a live stream of the Heap's device (the driver's refusal says which
+// it is not): Alloc and RecordStream refuse a stream that is not,
 // since a block used on it could never be waited for. The driver is asked
 // once a stream, by recording an idle event on it (which does not wait);
 // the answer is kept until the stream is found destroyed. The default
@@ -138,7 +139,7 @@ func (h *Heap) checkStreamLocked(s vmm.Stream) error {
 	err = h.drv.EventRecord(ev, s)
 	h.mu.events = append(h.mu.events, ev)
 	if err != nil {
-		return fmt.Errorf("stream %#x is not a live stream of device %d: %w", uintptr(s), h.dev, err)
+		return fmt.Errorf("stream %#x cannot be used on device %d: %w", uintptr(s), h.dev, err)
 	}
 	if h.mu.streams == nil || len(h.mu.streams) >= maxStreams {
 		h.mu.streams = make(map[vmm.Stream]struct{})
