@@ -316,3 +316,61 @@ func TestPackLongLivedPassesOverChunks(t *testing.T) {
 		}
 	}
 }
+
+// TestPackLongLivedPredictsOnce: each request of a page or more is
+// predicted once, whichever path serves it: Alloc's warm path (a parked
+// block of its size), or the slow path after the warm path found none
+// (predicting again there would move the context twice and change
+// every key after it). Requests under a page are never predicted.
+func TestPackLongLivedPredictsOnce(t *testing.T) {
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), packConfig(true))
+	var held []vmm.DevicePtr
+	large := uint64(0)
+	for i := range 6 {
+		// A temporary freed at once: parked, so that the next turn's
+		// takes the warm path.
+		p, err := a.Alloc(tmpSize, 0)
+		require.NoError(t, err)
+		require.NoError(t, a.Free(p))
+		small, err := a.Alloc(64<<10, 0)
+		require.NoError(t, err)
+		k, err := a.Alloc(kvSize, 0) // kept: nothing of its size is parked
+		require.NoError(t, err)
+		held = append(held, small, k)
+		large += 2
+		predicted, long := a.heap.PackCounts()
+		require.Equal(t, large, predicted, "turn %d: one prediction a request of a page or more", i)
+		// Keys: the temporary's (tmp after kv, tmp, kv) from the third
+		// turn on finds the last temporary freed: never long-lived. The
+		// KV block's (kv after tmp, kv, tmp) from the third turn on finds
+		// the last KV block alive: long-lived.
+		require.Equal(t, uint64(max(0, i-1)), long, "turn %d", i)
+	}
+	// Blocks served by the warm path are recorded too: six blocks of a
+	// new size parked (each between two kept ones), then six requests of
+	// it kept. The first four take parked blocks on the warm path; the
+	// fourth's key (the size after three of it) is the fifth's and
+	// sixth's, whose last block is alive: both predicted long-lived.
+	const size = 3*mib + 512
+	var parked []vmm.DevicePtr
+	for range 6 {
+		ps, err := alloc(a, size, tmpSize)
+		require.NoError(t, err)
+		parked = append(parked, ps[0])
+		held = append(held, ps[1])
+	}
+	for _, p := range parked {
+		require.NoError(t, a.Free(p))
+	}
+	_, before := a.heap.PackCounts()
+	for range 6 {
+		p, err := a.Alloc(size, 0)
+		require.NoError(t, err)
+		held = append(held, p)
+	}
+	_, after := a.heap.PackCounts()
+	require.Equal(t, before+2, after, "the fifth and sixth found the fourth alive")
+	for _, p := range held {
+		require.NoError(t, a.Free(p))
+	}
+}

@@ -314,27 +314,36 @@ func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 	rs, pool := h.sizeClass(size)
 	c := h.classOf(rs, pool)
 	h.mu.Lock()
-	// A request of a page or more under Config.PackLongLived takes the
-	// slow path, where it is predicted (pack.go): the prediction's keys
-	// need every such request.
-	if h.warmAllocLocked(s) && size <= h.limit && rs >= size && rs < h.packFrom[pool] {
+	pred := noPred
+	if h.warmAllocLocked(s) && size <= h.limit && rs >= size {
 		st := h.mu.def[pool][c]
 		if s != 0 || st == nil {
 			st = h.stateLocked(s, pool, c)
 		}
-		if b := st.popExact(rs, h.mu.shape); b != nil {
-			b = h.handOutLocked(b, rs, size)
-			if invariantsOn {
-				h.checkLocked()
-			}
-			// Read under the lock: once it is given back, a Close may
-			// free the block and reuse its struct.
-			p := b.ptr
-			h.mu.heapLock.Unlock()
-			return p, nil
+		// A request of a page or more under Config.PackLongLived is
+		// predicted here (pack.go; the keys need every such request):
+		// one predicted long-lived goes where packing puts it, past the
+		// exact-size lists.
+		if rs >= h.packFrom[pool] {
+			pred = h.packClassLocked(st, rs)
 		}
+		if !pred.long {
+			if b := st.popExact(rs, h.mu.shape); b != nil {
+				b = h.handOutLocked(b, rs, size)
+				h.noteBornLocked(&pred, b)
+				if invariantsOn {
+					h.checkLocked()
+				}
+				// Read under the lock: once it is given back, a Close may
+				// free the block and reuse its struct.
+				p := b.ptr
+				h.mu.heapLock.Unlock()
+				return p, nil
+			}
+		}
+		return h.allocHeld(size, rs, pool, s, true, PoolID{}, &pred)
 	}
-	return h.allocHeld(size, rs, pool, s, true, PoolID{})
+	return h.allocHeld(size, rs, pool, s, true, PoolID{}, nil)
 }
 
 func (h *Heap) alloc(size uint64, s vmm.Stream, final bool) (vmm.DevicePtr, error) {
@@ -349,7 +358,7 @@ func (h *Heap) allocTo(size uint64, s vmm.Stream, final bool, id PoolID) (vmm.De
 	}
 	rs, pool := h.sizeClass(size)
 	h.mu.Lock()
-	return h.allocHeld(size, rs, pool, s, final, id)
+	return h.allocHeld(size, rs, pool, s, final, id, nil)
 }
 
 func errZeroSize() error { return fmt.Errorf("allocating 0 bytes: %w", vmm.ErrInvalid) }
@@ -362,9 +371,9 @@ func (h *Heap) sizeClass(size uint64) (uint64, Pool) {
 }
 
 // allocHeld is allocLocked for a caller that holds h.mu: it unlocks it.
-func (h *Heap) allocHeld(size, rs uint64, pool Pool, s vmm.Stream, final bool, id PoolID) (vmm.DevicePtr, error) {
+func (h *Heap) allocHeld(size, rs uint64, pool Pool, s vmm.Stream, final bool, id PoolID, pred *packPred) (vmm.DevicePtr, error) {
 	defer h.mu.Unlock()
-	b, err := h.allocLocked(size, rs, pool, s, final, id)
+	b, err := h.allocLocked(size, rs, pool, s, final, id, pred)
 	if err != nil {
 		return 0, err
 	}
@@ -402,7 +411,10 @@ func (h *Heap) warmFreeLocked(b *block) bool {
 
 // allocLocked allocates size bytes, rs rounded, of pool on stream s (see
 // allocTo for id) and returns the allocated block.
-func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool, id PoolID) (*block, error) {
+//
+// pred is the request's prediction (pack.go) if Alloc's warm path made
+// it, else nil: it is made here, once a request either way.
+func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool, id PoolID, pred *packPred) (*block, error) {
 	if h.mu.closed {
 		return nil, fmt.Errorf("allocating %d bytes: %w", size, vmm.ErrClosed)
 	}
@@ -433,21 +445,22 @@ func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool,
 	// neighbour of a parked block: a new shape, so that no earlier look
 	// is trusted.
 	h.mu.shape++
-	long, slot, key := h.packClassLocked(st, rs)
+	if pred == nil {
+		p := h.packClassLocked(st, rs)
+		pred = &p
+	}
 	var b *block
-	if !long {
+	if !pred.long {
 		b = st.popExact(rs, h.mu.shape)
 	}
 	if b == nil {
 		var err error
-		if b, err = h.allocSlowLocked(st, rs, size, final, long); err != nil {
+		if b, err = h.allocSlowLocked(st, rs, size, final, pred.long); err != nil {
 			return nil, err
 		}
 	}
 	b = h.handOutLocked(b, rs, size)
-	if slot >= 0 {
-		h.noteBornLocked(slot, key, b)
-	}
+	h.noteBornLocked(pred, b)
 	if invariantsOn {
 		h.checkLocked()
 	}

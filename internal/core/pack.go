@@ -36,20 +36,17 @@ const packContext = 3
 // packSlots is the size of the table of keys (a power of two).
 const packSlots = 1 << 12
 
-// packKey names a point of a range's sequence of large requests; the
-// range is st, a state of the shared pools (never dropped while the Heap
-// lives: only private pools' states are).
-type packKey struct {
-	st   *state
-	size uint64
-	ctx  [packContext]uint64
-}
-
 // packEntry is the last block allocated under a key, with the serial it
 // was handed out with: the block is that allocation while it is
-// allocated with that serial (block structs are reused).
+// allocated with that serial (block structs are reused). A key names a
+// point of a range's sequence of large requests (its state, the
+// request's size and the sizes before it); the entry holds the key's
+// 64-bit hash, which names it: two keys of one hash (as rare as any two
+// random 64-bit numbers that agree) would share a prediction, which
+// costs placement, never correctness. 24 bytes, so that the table stays
+// small enough for the CPU's caches on the allocation path.
 type packEntry struct {
-	key  packKey
+	key  uint64
 	b    *block
 	born uint64
 }
@@ -58,48 +55,81 @@ type packEntry struct {
 type packer struct {
 	table  []packEntry // packSlots entries, made on first use
 	serial uint64
+	// predicted and long count the requests predicted and those
+	// predicted long-lived (PackCounts).
+	predicted, long uint64
 }
 
+// PackCounts returns how many requests Config.PackLongLived predicted
+// (each request of a page or more of a shared pool, once) and how many
+// of them it predicted long-lived.
+func (h *Heap) PackCounts() (predicted, long uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.mu.pack.predicted, h.mu.pack.long
+}
+
+// packPred is a request's prediction: long-lived or not, and the table
+// slot and key (its hash) to record the block handed out for it under
+// (noteBornLocked); slot -1 for none.
+type packPred struct {
+	long bool
+	slot int
+	key  uint64
+}
+
+// noPred is the prediction of a request that is not predicted.
+var noPred = packPred{slot: -1}
+
 // packClassLocked predicts a request of rs bytes in st under
-// Config.PackLongLived: long-lived or not, and the table slot to record
-// the block handed out for it in (noteBornLocked), -1 for none. Requests
-// under a page are neither predicted nor part of any key.
-func (h *Heap) packClassLocked(st *state, rs uint64) (long bool, slot int, key packKey) {
+// Config.PackLongLived. Requests under a page are neither predicted nor
+// part of any key. It moves st's context on: one call a request.
+func (h *Heap) packClassLocked(st *state, rs uint64) packPred {
 	ps := h.packFrom[st.key.pool]
 	if ps == math.MaxUint64 || rs < ps || !st.key.private.IsZero() {
-		return false, -1, packKey{}
+		return noPred
 	}
 	p := &h.mu.pack
 	if p.table == nil {
 		p.table = make([]packEntry, packSlots)
 	}
-	key = packKey{st: st, size: rs, ctx: st.lastLarge}
+	key := packHash(st, rs)
 	copy(st.lastLarge[1:], st.lastLarge[:packContext-1])
 	st.lastLarge[0] = rs
-	slot = packSlot(key)
+	slot := int(key & (packSlots - 1))
 	e := &p.table[slot]
 	// A whole number of pages fills every page it touches: nothing to
 	// share, so best fit and the exact-size lists serve it as well.
-	long = e.key == key && e.b != nil && e.b.state == stAllocated && e.b.born == e.born && rs%ps != 0
-	return long, slot, key
+	long := e.key == key && e.b != nil && e.b.state == stAllocated && e.b.born == e.born && rs%ps != 0
+	p.predicted++
+	if long {
+		p.long++
+	}
+	return packPred{long: long, slot: slot, key: key}
 }
 
-// noteBornLocked records b, just handed out for the request whose key is
-// key, in slot as the key's last block.
-func (h *Heap) noteBornLocked(slot int, key packKey, b *block) {
+// noteBornLocked records b, just handed out for the request predicted
+// by pred, as the last block of pred's key.
+func (h *Heap) noteBornLocked(pred *packPred, b *block) {
+	if pred.slot < 0 {
+		return
+	}
 	p := &h.mu.pack
 	p.serial++
 	b.born = p.serial
-	p.table[slot] = packEntry{key: key, b: b, born: b.born}
+	p.table[pred.slot] = packEntry{key: pred.key, b: b, born: b.born}
 }
 
-// packSlot hashes k into the table.
-func packSlot(k packKey) int {
-	x := packMix(uint64(k.st.key.stream) ^ packMix(k.size) ^ uint64(k.st.key.pool)<<56)
-	for _, c := range k.ctx {
+// packHash is the key of a request of rs bytes in st: st (its stream
+// and pool; the states of shared pools are never dropped while the Heap
+// lives), rs and st's context, each input through SplitMix64's
+// finalizer in turn, so that the order of the sizes counts.
+func packHash(st *state, rs uint64) uint64 {
+	x := packMix(uint64(st.key.stream) ^ packMix(rs) ^ uint64(st.key.pool)<<56 ^ uint64(st.key.class)<<48)
+	for _, c := range st.lastLarge {
 		x = packMix(x ^ c)
 	}
-	return int(x & (packSlots - 1))
+	return x
 }
 
 // packMix is SplitMix64's finalizer: every input bit moves every output

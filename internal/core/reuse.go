@@ -33,7 +33,7 @@ func (h *Heap) AllocReusable(size uint64, s vmm.Stream) (vmm.DevicePtr, bool, er
 	rs, pool := h.sizeClass(size)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	b, err := h.allocLocked(size, rs, pool, s, true, PoolID{})
+	b, err := h.allocLocked(size, rs, pool, s, true, PoolID{}, nil)
 	if err != nil {
 		return 0, false, err
 	}
