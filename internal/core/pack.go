@@ -120,16 +120,23 @@ func (h *Heap) noteBornLocked(pred *packPred, b *block) {
 	p.table[pred.slot] = packEntry{key: pred.key, b: b, born: b.born}
 }
 
-// packHash is the key of a request of rs bytes in st: st (its stream
-// and pool; the states of shared pools are never dropped while the Heap
-// lives), rs and st's context, each input through SplitMix64's
-// finalizer in turn, so that the order of the sizes counts.
+// packHash is the key of a request of rs bytes in st: st (its stream,
+// pool and class; the states of shared pools are never dropped while the
+// Heap lives), rs and st's context. Each input is multiplied by a
+// constant of its own (odd, so no input's bits are lost), so that the
+// order of the sizes counts; the products are independent, so that the
+// CPU works them out at once, on the allocation path; SplitMix64's
+// finalizer mixes their sum.
 func packHash(st *state, rs uint64) uint64 {
-	x := packMix(uint64(st.key.stream) ^ packMix(rs) ^ uint64(st.key.pool)<<56 ^ uint64(st.key.class)<<48)
-	for _, c := range st.lastLarge {
-		x = packMix(x ^ c)
-	}
-	return x
+	// It names packContext's three sizes one by one: neither constant
+	// below compiles unless packContext is 3.
+	const _, _ = uint(packContext - 3), uint(3 - packContext)
+	x := rs*0x9e3779b97f4a7c15 +
+		st.lastLarge[0]*0xc2b2ae3d27d4eb4f +
+		st.lastLarge[1]*0x165667b19e3779f9 +
+		st.lastLarge[2]*0xd6e8feb86659fd93 +
+		(uint64(st.key.stream)^uint64(st.key.pool)<<56^uint64(st.key.class)<<48)*0xff51afd7ed558ccd
+	return packMix(x)
 }
 
 // packMix is SplitMix64's finalizer: every input bit moves every output
