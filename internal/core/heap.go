@@ -37,8 +37,8 @@ type Heap struct {
 	// under Config.SizeClasses; 0 without it.
 	classPage [NumPools]uint64
 	// packFrom is, by pool, the page size under Config.PackLongLived
-	// (pack.go): the smallest request predicted, which takes the slow
-	// path for it; without it, math.MaxUint64 (none).
+	// (pack.go): the smallest request predicted; without it,
+	// math.MaxUint64 (none).
 	packFrom [NumPools]uint64
 	// classes are cfg's shared pools (Config.PoolClasses), kept for the
 	// allocation path.
@@ -445,13 +445,16 @@ func (h *Heap) allocLocked(size, rs uint64, pool Pool, s vmm.Stream, final bool,
 	// neighbour of a parked block: a new shape, so that no earlier look
 	// is trusted.
 	h.mu.shape++
+	// Alloc's warm path, which made pred, has looked in the exact-size
+	// lists already, and nothing has changed since (it runs only when
+	// nothing is to be settled or polled): a second look finds nothing.
+	var b *block
 	if pred == nil {
 		p := h.packClassLocked(st, rs)
 		pred = &p
-	}
-	var b *block
-	if !pred.long {
-		b = st.popExact(rs, h.mu.shape)
+		if !pred.long {
+			b = st.popExact(rs, h.mu.shape)
+		}
 	}
 	if b == nil {
 		var err error
