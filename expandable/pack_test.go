@@ -374,3 +374,45 @@ func TestPackLongLivedPredictsOnce(t *testing.T) {
 		require.NoError(t, a.Free(p))
 	}
 }
+
+// mappedIn reports how many bytes of [lo, lo+size) a snapshot of a shows
+// mapped.
+func mappedIn(a *Allocator, lo vmm.DevicePtr, size uint64) uint64 {
+	var n uint64
+	for _, s := range a.Snapshot().Segments {
+		for _, r := range s.Mapped {
+			a0, a1 := max(uint64(lo), uint64(r.Ptr)), min(uint64(lo)+size, uint64(r.Ptr)+r.Size)
+			if a1 > a0 {
+				n += a1 - a0
+			}
+		}
+	}
+	return n
+}
+
+// TestRecycleTakesFromTheTop: a growth that recycles free pages takes
+// them from the highest free block first, and of the last block it takes
+// from, the pages at its top: the low free block keeps the pages next to
+// the live block before it, where the next block goes (unmapPassLocked).
+// Free blocks of 4 pages at A and C, live blocks between and after; a
+// growth of 5 pages takes C's 4 and A's top page.
+func TestRecycleTakesFromTheTop(t *testing.T) {
+	cfg := packConfig(true)
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), cfg)
+	ps := cfg.LargePageSize
+	ptrs, err := alloc(a, 4*ps, 4*ps, 4*ps, 4*ps)
+	require.NoError(t, err)
+	for i := 1; i < len(ptrs); i++ {
+		require.Equal(t, ptrs[i-1].Add(4*ps), ptrs[i], "side by side from the range's start")
+	}
+	require.NoError(t, a.Free(ptrs[0]))
+	require.NoError(t, a.Free(ptrs[2]))
+	before := a.Stats().PagesCreated
+	d, err := alloc(a, 5*ps)
+	require.NoError(t, err)
+	require.Equal(t, ptrs[3].Add(4*ps), d[0], "the growth goes past the last live block")
+	require.Equal(t, before, a.Stats().PagesCreated, "the growth recycles free pages, makes none")
+	require.Zero(t, mappedIn(a, ptrs[2], 4*ps), "the highest free block goes first, whole")
+	require.Equal(t, 3*ps, mappedIn(a, ptrs[0], 4*ps), "then one page of the lowest")
+	require.Equal(t, 3*ps, mappedIn(a, ptrs[0], 3*ps), "from its top: its start stays mapped")
+}

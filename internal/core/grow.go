@@ -101,13 +101,23 @@ func (h *Heap) growLocked(st *state, rs uint64) (*block, error) {
 		}
 		hole = seg.first
 	}
+	return h.growIntoLocked(st, hole, nil, rs)
+}
+
+// growIntoLocked grows into hole for rs bytes, the block starting at the
+// free block before it (chainHoleLocked's chain) if chain is not nil.
+func (h *Heap) growIntoLocked(st *state, hole, chain *block, rs uint64) (*block, error) {
 	// Under Config.RecyclePages the growth stays in its hole, which the
 	// stealing kept (it leaves the pages the block will cover mapped; a
 	// hole it opens next to this one merges into it): the pages it
 	// unmapped are what that hole needs, and a lower hole the stealing
 	// opened would take more.
 	if h.stealLocked(hole, rs) && (h.holder == nil || hole.state != stUnmapped) {
-		if hole = findHole(st, rs); hole == nil {
+		// The stealing kept the chain's free block and the pages the
+		// block will cover: the hole after it is where the block grows.
+		if chain != nil && chain.isFreeIn() && chain.next != nil && chain.next.state == stUnmapped {
+			hole = chain.next
+		} else if hole = findHole(st, rs); hole == nil {
 			panic("core: the hole to grow into vanished")
 		}
 	}

@@ -33,10 +33,20 @@ func (h *Heap) allocSlowLocked(st *state, rs, req uint64, final, long bool) (*bl
 		h.touchMarksLocked(st.key.stream)
 	}
 	var b *block
+	var err error
 	if long {
 		b = h.firstFitLocked(st, rs)
+		if hole := h.chainHoleLocked(b, rs); hole != nil {
+			// Continue a live block's pages; b goes back to the free
+			// blocks, where the growth may take its pages. If the growth
+			// fails, the request is placed as any other.
+			st.insertFree(b)
+			if b, err = h.growIntoLocked(st, hole, hole.prev, rs); err != nil {
+				h.log.Debug("xseg: growing after a live block", "err", err)
+				b = nil
+			}
+		}
 	}
-	var err error
 	if b == nil {
 		b, err = h.findLocked(st, rs)
 	}

@@ -183,8 +183,9 @@ func (h *Heap) freeMappedLocked() int64 {
 // the stream's last completed mark, idleLocked). It leaves alone what keep
 // says. The exact-size lists of the segment's state must have been
 // flushed. With exact it unmaps no more than budget (a multiple of the
-// page size): from the low end of the last free block it takes pages of,
-// not the whole block. With retire (the pages go to a growth on seg's
+// page size), from the top down: the highest free blocks first, and of
+// the last one the pages at its top end, not the whole block (see
+// unmapPassLocked). With retire (the pages go to a growth on seg's
 // stream) it waits for nothing but retires the pages that may still be
 // in use, where it can (retire.go).
 func (h *Heap) unmapFreeLocked(seg *Seg, budget uint64, keep keepOut, synced, exact, retire bool) (uint64, error) {
@@ -232,25 +233,56 @@ func (h *Heap) idleLocked(seg *Seg, keep keepOut) bool {
 	return true
 }
 
-// unmapPassLocked unmaps, in address order, the whole pages of seg's free
-// blocks up to about budget bytes (see unmapFreeLocked). With retire, the
-// pages of a block freed after the stream's last completed mark are
-// retired instead; where they cannot be, it waits for the stream first.
+// unmapPassLocked unmaps the whole pages of seg's free blocks up to about
+// budget bytes (see unmapFreeLocked): all of them in address order, or
+// with exact (a growth recycling pages) from the top down.
+//
+// Recycling takes from the top because the bottom is where the next
+// blocks go: best fit and packing (pack.go) both favour low addresses,
+// and a free block whose low pages are taken starts on a page boundary
+// after a hole, where the next block lands and the page before the hole
+// stays mapped for the free rest of it, caught between live blocks
+// (generate_large's KV-cache blocks, bench/RESULTS.md round 43). Taken
+// from the top, the free block keeps its start, next to the live block
+// before it, where the next block continues their pages.
+//
+// With retire, the pages of a block freed after the stream's last
+// completed mark are retired instead; where they cannot be, it waits for
+// the stream first.
 func (h *Heap) unmapPassLocked(seg *Seg, budget uint64, keep keepOut, exact, retire bool) (uint64, error) {
 	var done uint64
-	for b := seg.first; b != nil && done < budget; {
+	// unmapSpanLocked changes only the block it unmaps from and the holes
+	// next to it, so the free blocks listed first stay valid.
+	var down []*block
+	if exact {
+		for b := seg.first; b != nil; b = b.next {
+			if lo, hi := keep.pages(seg, b); hi > lo {
+				down = append(down, b)
+			}
+		}
+	}
+	b := seg.first
+	for done < budget {
+		if exact {
+			if len(down) == 0 {
+				break
+			}
+			b, down = down[len(down)-1], down[:len(down)-1]
+		} else if b == nil {
+			break
+		}
 		lo, hi := keep.pages(seg, b)
 		if hi <= lo {
 			b = b.next
 			continue
 		}
 		if exact && uint64(hi-lo) > budget-done {
-			// Up to a whole allocation (lo starts one, hi ends one): a
+			// Up to a whole allocation (hi ends one, lo starts one): a
 			// physical allocation larger than what is left of the budget
 			// goes whole, its excess back to the driver, rather than stay
 			// mapped in a free block while the heap grows elsewhere.
-			_, e := seg.allocsOut(lo, lo.Add(budget-done))
-			hi = min(hi, e)
+			l, _ := seg.allocsOut(hi.Add(-(budget - done)), hi)
+			lo = max(lo, l)
 		}
 		r := retire && b.freed >= h.markLocked(seg.Stream).idle
 		if r && !h.canRetireLocked(seg, lo, hi) {
