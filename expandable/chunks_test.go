@@ -255,3 +255,72 @@ func TestChunksSettleInALoop(t *testing.T) {
 	require.Zero(t, a.Stats().ReservedBytes.All.Current)
 	require.Zero(t, d.Usage().Handles)
 }
+
+// sharedChunks counts the chunks of a that hold an allocated block and
+// free memory at once: no page of such a chunk can be unmapped or
+// recycled until the block is freed.
+func sharedChunks(t *testing.T, a *Allocator) int {
+	t.Helper()
+	snap := a.Snapshot()
+	a.pages.mu.Lock()
+	defer a.pages.mu.Unlock()
+	n := 0
+	for seg := range a.pages.mu.segs {
+		sp := seg.Data.(*segPages)
+		for i := 0; i < len(sp.spans); i++ {
+			c, ok := sp.chunkAt(i)
+			if !ok || sp.handles[i] == 0 {
+				continue
+			}
+			lo := uint64(seg.Base) + uint64(c.first)*seg.PageSize
+			hi := lo + uint64(c.n)*seg.PageSize
+			var live, free bool
+			for _, s := range snap.Segments {
+				for _, b := range s.Blocks {
+					if uint64(b.Ptr) < hi && uint64(b.Ptr)+b.Size > lo {
+						live = live || b.State == "allocated"
+						free = free || b.State == "free"
+					}
+				}
+			}
+			if live && free {
+				n++
+			}
+			i = int(c.first + c.n - 1)
+		}
+	}
+	return n
+}
+
+// TestGrowthEndsInNoFreeChunk: a growth into a hole may go on into the
+// free block after the hole, but not end inside a chunk of it (a chunk
+// shared by the block and free memory, whose pages could then be neither
+// unmapped nor recycled until the block is freed). Layout, in pages: a
+// live half page, a hole of 5 (a freed block's chunk, given back), a free
+// block of 5.5 holding a 4-page chunk, a live half page. A request of 7
+// pages fits no free block; with the free half page before the hole, the
+// hole and the free block after it, it would end inside that chunk, so
+// it grows elsewhere, and no chunk is shared.
+func TestGrowthEndsInNoFreeChunk(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.PackLongLived = false
+	cfg.ChunkBytes = 64 * mib
+	cfg.OOMMaxRetries = 0
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), cfg)
+	ps := cfg.LargePageSize
+	ptrs, err := alloc(a, ps/2, 6*ps, 5*ps, ps/2)
+	require.NoError(t, err)
+	lead, h, c, fence := ptrs[0], ptrs[1], ptrs[2], ptrs[3]
+	require.NoError(t, a.Free(h))
+	require.NoError(t, a.EmptyCache())
+	require.Equal(t, uint64(ps), mappedIn(a, h, 6*ps), "the hole: h's inside went back, its edge pages stay")
+	require.NoError(t, a.Free(c))
+	require.Zero(t, sharedChunks(t, a))
+	r, err := a.Alloc(7*ps, 0)
+	require.NoError(t, err)
+	require.NotEqual(t, h, r, "not into the hole: it would end inside c's chunk")
+	require.Zero(t, sharedChunks(t, a), "no chunk holds a live block and free memory")
+	for _, p := range []vmm.DevicePtr{lead, fence, r} {
+		require.NoError(t, a.Free(p))
+	}
+}

@@ -416,3 +416,45 @@ func TestRecycleTakesFromTheTop(t *testing.T) {
 	require.Equal(t, 3*ps, mappedIn(a, ptrs[0], 4*ps), "then one page of the lowest")
 	require.Equal(t, 3*ps, mappedIn(a, ptrs[0], 3*ps), "from its top: its start stays mapped")
 }
+
+// TestPackLongLivedChainsNoChunk: packing passes over a free block that a
+// request predicted long-lived would end inside a chunk of (p below) and
+// takes a higher one (b). A hole right after p must not draw the request
+// back into p: it fits in p alone, so growing into the hole would map a
+// page it does not use and leave p's chunk shared by the block and free
+// memory (chainHoleLocked). Layout, in pages: a live half page, p (8.5
+// pages from mid-page: a 7-page chunk and a page), a hole of 3, a free
+// half page, a live half page, b (6 pages of their own), a live half
+// page, four live blocks of the request's size.
+func TestPackLongLivedChainsNoChunk(t *testing.T) {
+	cfg := packConfig(true)
+	cfg.ChunkBytes = 64 * mib
+	cfg.ChunkMinBytes = 14 * mib // the 7 pages inside p's block, not b's 6
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), cfg)
+	ps := cfg.LargePageSize
+	req := 5*ps + 512
+	ptrs, err := alloc(a, ps/2, 8*ps, 4*ps, ps/2, 6*ps, ps/2)
+	require.NoError(t, err)
+	k, h, bb := ptrs[1], ptrs[2], ptrs[4]
+	require.Equal(t, k.Add(8*ps), h)
+	require.Zero(t, uint64(bb-ptrs[0])%uint64(ps), "b starts on a page boundary")
+	held, err := alloc(a, req, req, req, req) // the request's key, alive
+	require.NoError(t, err)
+	require.NoError(t, a.Free(h))
+	require.NoError(t, a.EmptyCache())
+	require.Equal(t, uint64(ps), mappedIn(a, h, 4*ps), "h's inside went back: the hole")
+	require.NoError(t, a.Free(k))
+	require.NoError(t, a.Free(bb))
+	require.Zero(t, sharedChunks(t, a))
+	maps := a.Stats().Maps
+	p, err := a.Alloc(req, 0)
+	require.NoError(t, err)
+	_, long := a.heap.PackCounts()
+	require.NotZero(t, long, "predicted long-lived")
+	require.Equal(t, bb, p, "the lowest free block it ends in no chunk of")
+	require.Equal(t, maps, a.Stats().Maps, "nothing mapped")
+	require.Zero(t, sharedChunks(t, a), "no chunk holds a live block and free memory")
+	for _, q := range append(held, p, ptrs[0], ptrs[3], ptrs[5]) {
+		require.NoError(t, a.Free(q))
+	}
+}

@@ -263,17 +263,41 @@ func growStart(hole *block) vmm.DevicePtr {
 	return hole.ptr
 }
 
+// fitsHole reports whether a block of rs bytes growing into hole fits
+// there: in the hole with the free blocks around it, and not ending
+// inside a physical allocation of the free block after the hole that
+// goes on past the page it ends in. Such a block would share that chunk
+// with free memory, whose pages could then be neither unmapped nor
+// recycled until the block is freed (splitChunkLocked keeps best fit from
+// doing the same).
+func fitsHole(hole *block, rs uint64) bool {
+	start := growStart(hole)
+	if start.Add(rs) <= hole.end() {
+		return true
+	}
+	next := hole.next
+	if !next.isFreeIn() || start.Add(rs) > next.end() {
+		return false
+	}
+	return !hole.seg.endsInsideAlloc(start.Add(rs))
+}
+
+// endsInsideAlloc reports whether a block ending at end, inside the
+// mapped pages of s, ends inside a physical allocation that goes on past
+// the page it ends in.
+func (s *Seg) endsInsideAlloc(end vmm.DevicePtr) bool {
+	if s.bounds == nil {
+		return false
+	}
+	last := int(uint64(end-1-s.Base) / s.PageSize)
+	f, n := s.bounds.AllocBounds(s, last)
+	return n > 1 && f+n > last+1
+}
+
 func findHole(st *state, rs uint64) *block {
 	for _, seg := range st.segs {
 		for _, hole := range seg.holes {
-			c := hole.size
-			if hole.prev.isFreeIn() {
-				c += hole.prev.size
-			}
-			if hole.next.isFreeIn() {
-				c += hole.next.size
-			}
-			if c >= rs {
+			if fitsHole(hole, rs) {
 				return hole
 			}
 		}

@@ -184,11 +184,12 @@ func (h *Heap) chainHoleLocked(b *block, rs uint64) *block {
 		if !p.isFreeIn() || uint64(p.ptr-seg.Base)%ps == 0 || p.prev == nil || p.prev.state != stAllocated {
 			continue
 		}
-		room := p.size + hole.size
-		if hole.next.isFreeIn() {
-			room += hole.next.size
+		if p.size >= rs {
+			// p fits alone: packing passed over it, as rs bytes there
+			// would end inside a chunk of p's; growing would not help.
+			continue
 		}
-		if room >= rs {
+		if fitsHole(hole, rs) {
 			return hole
 		}
 	}
