@@ -193,6 +193,7 @@ func TestFaultMatrix(t *testing.T) {
 			func(a *Allocator) error { return allocFree(a, 60*mib) }),
 		recycleAcrossStreams(recycle),
 		packFaultScenario(&held),
+		packChainFaultScenario(&held),
 		// Config.SizeClasses: a growth of the [4, 8) pages class takes
 		// the free pages of the [16, 32) class (retired on the same
 		// stream; each map, access grant and retired unmap fails in

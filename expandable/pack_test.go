@@ -273,6 +273,63 @@ func packFaultScenario(held *[]vmm.DevicePtr) vmmtest.Scenario {
 		func(a *Allocator) error { return allocFree(a, kvSize) })
 }
 
+// chainLayout sets up a request predicted long-lived (req, 5 pages and
+// 512 bytes) whose packed place, b, starts on a page boundary above a
+// hole that follows a free block p starting mid-page right after a live
+// block, p and the hole fitting req: it continues the live block's pages
+// through the hole (chainHoleLocked). In pages: a live half page, p (2.5
+// pages), a hole of 5, a free half page, a live half page, b (6 pages),
+// a live half page, four live blocks of req's size. It returns the live
+// blocks and p.
+func chainLayout(a *Allocator) (held []vmm.DevicePtr, p vmm.DevicePtr, err error) {
+	ps := a.heap.Config().LargePageSize
+	ptrs, err := alloc(a, ps/2, 2*ps, 6*ps, ps/2, 6*ps, ps/2)
+	if err != nil {
+		return nil, 0, err
+	}
+	reqs, err := alloc(a, chainReq, chainReq, chainReq, chainReq)
+	if err != nil {
+		return nil, 0, err
+	}
+	held = append(reqs, ptrs[0], ptrs[3], ptrs[5])
+	err = errors.Join(a.Free(ptrs[2]), a.EmptyCache(), a.Free(ptrs[1]), a.Free(ptrs[4]))
+	return held, ptrs[1], err
+}
+
+const chainReq = 5*2*mib + 512
+
+// TestPackLongLivedChainsThroughAHole: the request goes to p, grown into
+// the hole after it (three pages mapped, recycled from the top of b),
+// not to b.
+func TestPackLongLivedChainsThroughAHole(t *testing.T) {
+	a := newAlloc(t, vmmtest.HostDriver(t, 1<<30), packConfig(true))
+	held, p, err := chainLayout(a)
+	require.NoError(t, err)
+	created := a.Stats().PagesCreated
+	r, err := a.Alloc(chainReq, 0)
+	require.NoError(t, err)
+	require.Equal(t, p, r, "p and the hole after it")
+	require.Equal(t, created, a.Stats().PagesCreated, "the hole's pages are recycled, none made")
+	for _, q := range append(held, r) {
+		require.NoError(t, a.Free(q))
+	}
+}
+
+// packChainFaultScenario: the growth of TestPackLongLivedChainsThroughAHole
+// (an unmap of b's top pages, then a map into the hole) with each driver
+// call failing in turn (TestFaultMatrix runs it): the request fails
+// cleanly or is placed as any other.
+func packChainFaultScenario(held *[]vmm.DevicePtr) vmmtest.Scenario {
+	return allocScenario("pack-long-lived-chain", packConfig(true),
+		func(a *Allocator) error {
+			var err error
+			*held, _, err = chainLayout(a)
+			return err
+		},
+		func(a *Allocator) error { _, err := a.Alloc(chainReq, 0); return err },
+		func(a *Allocator) error { return allocFree(a, chainReq) })
+}
+
 // TestPackLongLivedPassesOverChunks: three free blocks fit a request
 // predicted long-lived: the lowest a chunk (one physical allocation of
 // 40 MiB) the request would end inside, one of pages above it, and a
