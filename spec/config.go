@@ -88,19 +88,22 @@ type Config struct {
 	// PackLongLived: a request of a page or more, not a whole number of
 	// pages, that is predicted to outlive the temporaries allocated
 	// around it goes to the free block at the lowest address that fits it
-	// among the pages already mapped (never a hole it would map pages
-	// for; none: placed as any other request). Long-lived blocks then lie
-	// side by side and share the pages they partly fill, where best fit
-	// would put each at the start of a temporary's freed pages and leave
-	// the rest of its last page stranded once the pages around it are
-	// recycled. The prediction stands in for the call site an allocator
-	// cannot see: the request's size and the sizes of its stream's last
-	// three requests of a page or more; a block is predicted long-lived
-	// when the last block allocated at that point of the sequence is
-	// still allocated (a model's KV cache, weights and saved
-	// activations, not its temporaries). It moves no pages and makes no
+	// among the pages already mapped, not one it would end inside a
+	// chunk of (none: placed as any other request). Long-lived blocks
+	// then lie side by side and share the pages they partly fill, where
+	// best fit would put each at the start of a temporary's freed pages
+	// and leave the rest of its last page stranded once the pages around
+	// it are recycled. Where that place starts on a page boundary and
+	// pages are recycled (RecyclePages), the request may instead continue
+	// a live block's pages through a lower hole, mapping pages that the
+	// growth recycles from the top of the range. The prediction stands in
+	// for the call site an allocator cannot see: the request's size and
+	// the sizes of its stream's last three requests of a page or more; a
+	// block is predicted long-lived when the last block allocated at that
+	// point of the sequence is still allocated (a model's KV cache,
+	// weights and saved activations, not its temporaries). It makes no
 	// range; a wrong prediction costs placement, never correctness.
-	// bench/RESULTS.md round 41. The expandable allocator only.
+	// bench/RESULTS.md rounds 41 and 43. The expandable allocator only.
 	PackLongLived bool
 	// ChunkBytes: a growth of the expandable allocator at the end of its
 	// range backs the pages that lie wholly inside the block it grows for

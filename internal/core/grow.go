@@ -75,11 +75,8 @@ func (h *Heap) chunkToSplit(b *block, rs uint64) (lo, hi vmm.DevicePtr, ok bool)
 	if end >= b.end() || h.capturingLocked() || !seg.st.key.private.IsZero() {
 		return 0, 0, false
 	}
-	ps := seg.PageSize
-	last := int(uint64(end-1-seg.Base) / ps) // the page the block ends in
-	f, n := h.bounds.AllocBounds(seg, last)
-	lo, hi = seg.Base.Add(uint64(f)*ps), seg.Base.Add(uint64(f+n)*ps)
-	if n <= 1 || f+n <= last+1 || lo < b.ptr || hi > b.end() {
+	lo, hi, past := seg.endAlloc(end)
+	if !past || lo < b.ptr || hi > b.end() {
 		return 0, 0, false
 	}
 	return lo, hi, true
@@ -279,19 +276,22 @@ func fitsHole(hole *block, rs uint64) bool {
 	if !next.isFreeIn() || start.Add(rs) > next.end() {
 		return false
 	}
-	return !hole.seg.endsInsideAlloc(start.Add(rs))
+	_, _, past := hole.seg.endAlloc(start.Add(rs))
+	return !past
 }
 
-// endsInsideAlloc reports whether a block ending at end, inside the
-// mapped pages of s, ends inside a physical allocation that goes on past
-// the page it ends in.
-func (s *Seg) endsInsideAlloc(end vmm.DevicePtr) bool {
-	if s.bounds == nil {
-		return false
+// endAlloc returns the physical allocation [lo, hi) that holds the page a
+// block ending at end (inside the mapped pages of s) ends in, and whether
+// it goes on past that page: a chunk the block would share with whatever
+// follows it. Without AllocBounds every page is its own allocation.
+func (s *Seg) endAlloc(end vmm.DevicePtr) (lo, hi vmm.DevicePtr, past bool) {
+	ps := s.PageSize
+	last := int(uint64(end-1-s.Base) / ps)
+	f, n := last, 1
+	if s.bounds != nil {
+		f, n = s.bounds.AllocBounds(s, last)
 	}
-	last := int(uint64(end-1-s.Base) / s.PageSize)
-	f, n := s.bounds.AllocBounds(s, last)
-	return n > 1 && f+n > last+1
+	return s.Base.Add(uint64(f) * ps), s.Base.Add(uint64(f+n) * ps), f+n > last+1
 }
 
 func findHole(st *state, rs uint64) *block {

@@ -15,7 +15,9 @@ import "math"
 // address that fits it, among the pages already mapped: packing by
 // address, as first fit does, without mapping a page for it (a hole
 // grown into for a long-lived block at every step of a decode loop
-// would move pages at every step; bench/RESULTS.md round 40).
+// would move pages at every step; bench/RESULTS.md round 40). The one
+// exception is chainHoleLocked's: a place on a page boundary gives way
+// to a lower hole that continues a live block's pages.
 //
 // The prediction stands in for the call site, which an allocator does
 // not see: the request's size and the sizes of the last packContext

@@ -273,7 +273,7 @@ func (h *Heap) unmapPassLocked(seg *Seg, budget uint64, keep keepOut, exact, ret
 		}
 		lo, hi := keep.pages(seg, b)
 		if hi <= lo {
-			b = b.next
+			b = b.next // exact takes its next block from down
 			continue
 		}
 		if exact && uint64(hi-lo) > budget-done {
