@@ -215,6 +215,32 @@ func isolated(b *block) bool {
 // pushExact parks a free block in its exact-size list.
 func (s *state) pushExact(b *block) {
 	l := b.list
+	if !l.hintFor(b) {
+		l = s.listFor(b)
+	}
+	s.link(l, b)
+}
+
+// hintFor reports whether l, the exact-size list b was last in or taken
+// from, is where b goes back as it is: alive, of b's size and listed in
+// its state's filled.
+func (l *exactList) hintFor(b *block) bool {
+	return l != nil && l.filled && !l.dead && l.size == b.size
+}
+
+// link puts free block b at the head of l, its exact-size list in s.
+func (s *state) link(l *exactList, b *block) {
+	b.nextExact = l.head
+	b.inExact = true
+	l.head = b
+	s.exactN++
+	s.freeBytes += b.size
+}
+
+// listFor returns the exact-size list of b's size, made if need be, and
+// makes it b's hint; the list is listed in s.filled.
+func (s *state) listFor(b *block) *exactList {
+	l := b.list
 	if l == nil || l.dead || l.size != b.size {
 		if l = s.exact[b.size]; l == nil {
 			l = &exactList{size: b.size}
@@ -226,11 +252,7 @@ func (s *state) pushExact(b *block) {
 		l.filled = true
 		s.filled = append(s.filled, l)
 	}
-	b.nextExact = l.head
-	b.inExact = true
-	l.head = b
-	s.exactN++
-	s.freeBytes += b.size
+	return l
 }
 
 // bestFit takes the smallest coalesced free block of at least size bytes,

@@ -124,7 +124,10 @@ type heapMu struct {
 	// plain: a Free of a block of a shared pool, used on its stream only,
 	// takes the warm path (plainFreeLocked).
 	quiet, plain bool
-	trims        bool // Config.ReleaseThreshold is set
+	// noWarm turns both warm paths off (SetWarmPaths), for the tests
+	// that hold them to the general path's results.
+	noWarm bool
+	trims  bool // Config.ReleaseThreshold is set
 	// shape changes whenever the blocks may have changed other than by
 	// the warm paths: at every Unlock, and when a Free coalesces. A block
 	// seen isolated at a shape stays so until it changes (popExact).
@@ -147,13 +150,22 @@ func (m *heapMu) settle() {
 // quietNow is what quiet stands for: the Heap is open, and no route,
 // deferred free or pending event asks an allocation for work first.
 func (m *heapMu) quietNow() bool {
-	return !m.closed && len(m.routes) == 0 && len(m.deferred) == 0 && len(m.pending) == 0
+	return !m.closed && !m.noWarm && len(m.routes) == 0 && len(m.deferred) == 0 && len(m.pending) == 0
 }
 
 // plainNow is what plain stands for: the Heap is open, with no history,
 // pins, route or release threshold for a free to mind.
 func (m *heapMu) plainNow() bool {
-	return !m.closed && m.hist == nil && len(m.pins) == 0 && len(m.routes) == 0 && !m.trims
+	return !m.closed && !m.noWarm && m.hist == nil && len(m.pins) == 0 && len(m.routes) == 0 && !m.trims
+}
+
+// SetWarmPaths turns the warm paths of Alloc and Free on (as a Heap
+// starts) or off. Off, every call takes the general path, which the
+// warm paths must match in all they leave behind: for tests.
+func (h *Heap) SetWarmPaths(on bool) {
+	h.mu.Lock()
+	h.mu.noWarm = !on
+	h.mu.Unlock()
 }
 
 // handedBits is log2 of the slots of Heap.mu.handed.
@@ -306,44 +318,88 @@ func (h *Heap) recycle(b *block) {
 //
 // The warm path, a block of the exact size parked in the exact-size lists
 // of a shared pool with nothing to settle first, runs here without a
-// defer or a further call for the lock; everything else takes allocHeld.
+// defer or a call but for the lock's: everything else takes allocCold or
+// allocHeld. It is every step of the general path (allocLocked) that
+// such a block takes, written out, as a call costs more than most of
+// them; TestWarmPathsMatch holds the two to the same results.
 func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
-	if size == 0 {
-		return 0, errZeroSize()
-	}
-	rs, pool := h.sizeClass(size)
-	c := h.classOf(rs, pool)
+	rs := RoundSize(size)
+	pool := h.PoolOf(rs)
+	rs = h.wholePages(rs, pool)
 	h.mu.Lock()
-	pred := noPred
-	if h.warmAllocLocked(s) && size <= h.limit && rs >= size {
-		st := h.mu.def[pool][c]
-		if s != 0 || st == nil {
-			st = h.stateLocked(s, pool, c)
+	// size-1 < limit: size is neither 0 nor above the limit.
+	if !h.warmAllocLocked(s) || size-1 >= h.limit || rs < size {
+		return h.allocCold(size, rs, pool, s)
+	}
+	c := h.classOf(rs, pool)
+	st := h.mu.def[pool][c]
+	if s != 0 || st == nil {
+		st = h.stateLocked(s, pool, c)
+	}
+	// A request of a page or more under Config.PackLongLived is
+	// predicted here (pack.go; the keys need every such request): one
+	// predicted long-lived goes where packing puts it, past the
+	// exact-size lists.
+	pred := packPred{slot: -1}
+	if rs >= h.packFrom[pool] {
+		if pred = h.predictLocked(st, rs); pred.long {
+			return h.allocHeld(size, rs, pool, s, true, PoolID{}, &pred)
 		}
-		// A request of a page or more under Config.PackLongLived is
-		// predicted here (pack.go; the keys need every such request):
-		// one predicted long-lived goes where packing puts it, past the
-		// exact-size lists.
-		if rs >= h.packFrom[pool] {
-			pred = h.packClassLocked(st, rs)
-		}
-		if !pred.long {
-			if b := st.popExact(rs, h.mu.shape); b != nil {
-				b = h.handOutLocked(b, rs, size)
-				h.noteBornLocked(&pred, b)
-				if invariantsOn {
-					h.checkLocked()
-				}
-				// Read under the lock: once it is given back, a Close may
-				// free the block and reuse its struct.
-				p := b.ptr
-				h.mu.heapLock.Unlock()
-				return p, nil
-			}
-		}
+	}
+	// The head of rs's exact-size list, if the list is in st's recent
+	// cache and its head was seen isolated at this shape; else popExact.
+	var b *block
+	if l := st.recent[slotOf(rs, recentBits)]; l != nil && l.size == rs && l.head != nil && l.head.iso == h.mu.shape {
+		b = st.take(l, l.head)
+	} else if b = st.popExact(rs, h.mu.shape); b == nil {
 		return h.allocHeld(size, rs, pool, s, true, PoolID{}, &pred)
 	}
+	// handOutLocked for a block of exactly rs bytes: nothing to split.
+	b.state = stAllocated
+	b.requested = size
+	b.born = 0
+	// bstats.handOut, its steps inlined.
+	if h.mu.bstats.count(pool, rs, size); !h.mu.bstats.takeRoom(pool, int64(rs)) {
+		h.mu.bstats.raisePeaks(pool)
+	}
+	if invariantsOn {
+		h.mu.bstats.shadowHandOut(pool, rs, size)
+	}
+	if h.mu.hist != nil {
+		h.noteLocked(ActionAlloc, b.ptr, b.size, b.seg)
+	}
+	h.mu.handed[handedSlot(b.ptr)] = b
+	if pred.slot >= 0 {
+		h.noteBornLocked(&pred, b)
+	}
+	if invariantsOn {
+		h.checkWarmAlloc(b, rs, pool)
+		h.checkLocked()
+	}
+	// Read under the lock: once it is given back, a Close may free the
+	// block and reuse its struct.
+	p := b.ptr
+	h.mu.heapLock.Unlock()
+	return p, nil
+}
+
+// allocCold is Alloc past the warm path's first test, with h.mu held:
+// a request of 0 bytes fails without more; the rest is allocHeld's.
+func (h *Heap) allocCold(size, rs uint64, pool Pool, s vmm.Stream) (vmm.DevicePtr, error) {
+	if size == 0 {
+		h.mu.Unlock()
+		return 0, errZeroSize()
+	}
 	return h.allocHeld(size, rs, pool, s, true, PoolID{}, nil)
+}
+
+// checkWarmAlloc panics if b, which Alloc's warm path handed out for rs
+// bytes of pool, is not what handOutLocked would have left (build tag
+// invariants).
+func (h *Heap) checkWarmAlloc(b *block, rs uint64, pool Pool) {
+	if b.size != rs || b.seg.Pool != pool || !b.seg.st.key.private.IsZero() {
+		panic(fmt.Sprintf("xseg: warm path handed out %d bytes at %v of pool %v for %d of pool %v", b.size, b.ptr, b.seg.Pool, rs, pool))
+	}
 }
 
 func (h *Heap) alloc(size uint64, s vmm.Stream, final bool) (vmm.DevicePtr, error) {
@@ -508,15 +564,35 @@ func (h *Heap) Free(ptr vmm.DevicePtr) error {
 		// b stays in its slot of handed: blockLocked looks past a slot
 		// whose block is no longer allocated there, and the pair's next
 		// Alloc of b puts it there again.
+		st := b.seg.st
 		h.mu.bstats.free(b.seg.Pool, b.size, b.requested)
 		b.requested = 0
-		h.releaseLocked(b)
+		// releaseLocked, written out for the case of a block that goes
+		// back to an exact-size list with nobody waiting for a free.
+		if st.exactN < maxExact && h.mu.freed == nil {
+			b.state = stFree
+			h.mu.freeSeq++
+			b.freed = h.mu.freeSeq
+			if l := b.list; l.hintFor(b) {
+				st.link(l, b)
+			} else {
+				st.pushExact(b)
+			}
+		} else {
+			h.releaseLocked(b)
+		}
 		if invariantsOn {
 			h.checkLocked()
 		}
 		h.mu.heapLock.Unlock()
 		return nil
 	}
+	return h.freeHeld(ptr, b)
+}
+
+// freeHeld is freeLocked for a caller that holds h.mu: it unlocks it.
+// A function of its own, so that Free's warm path sets up no defer.
+func (h *Heap) freeHeld(ptr vmm.DevicePtr, b *block) error {
 	defer h.mu.Unlock()
 	return h.freeLocked(ptr, b)
 }

@@ -87,36 +87,56 @@ func (s *blockStats) allCurrent() [numHot]int64 {
 }
 
 // handOut counts a block of size bytes of pool p handed out for a request
-// of req bytes.
+// of req bytes. Its three steps are inlined where it is called; Alloc's
+// warm path takes them itself, as handOut is too large to be inlined.
 func (s *blockStats) handOut(p Pool, size, req uint64) {
-	ps := &s.pools[p]
-	n, r := int64(size), int64(req)
-	c := &ps.cur
-	c[hAllocBytes] += n
-	c[hReqBytes] += r
-	c[hAllocs]++
-	t := &ps.total
-	t[hAllocBytes] += n
-	t[hReqBytes] += r
-	t[hAllocs]++
-	// The bytes counters rise by n or r <= n, the counts by 1.
-	rb, rc := &s.roomBytes, &s.roomCount
-	if n <= rb[p] && n <= rb[NumPools] && rc[p] > 0 && rc[NumPools] > 0 {
-		rb[p] -= n
-		rb[NumPools] -= n
-		rc[p]--
-		rc[NumPools]--
-	} else {
+	s.count(p, size, req)
+	if !s.takeRoom(p, int64(size)) {
 		s.raisePeaks(p)
 	}
 	if invariantsOn {
-		sh := &s.shadow
-		sh.AllocatedBytes.Inc(p, size)
-		sh.RequestedBytes.Inc(p, req)
-		sh.ActiveBytes.Inc(p, size)
-		sh.Allocations.Inc(p, 1)
-		sh.ActiveBlocks.Inc(p, 1)
+		s.shadowHandOut(p, size, req)
 	}
+}
+
+// count adds a block of size bytes, handed out for req bytes, to the
+// current and total values of pool p.
+func (s *blockStats) count(p Pool, size, req uint64) {
+	ps := &s.pools[p]
+	n, r := int64(size), int64(req)
+	ps.cur[hAllocBytes] += n
+	ps.cur[hReqBytes] += r
+	ps.cur[hAllocs]++
+	ps.total[hAllocBytes] += n
+	ps.total[hReqBytes] += r
+	ps.total[hAllocs]++
+}
+
+// takeRoom takes n bytes and one count from the room of pool p and of
+// all pools, and reports whether they had it: the bytes counters rose by
+// n or r <= n, the counts by 1, so no peak can have risen. Otherwise it
+// changes nothing and a peak may have to rise (raisePeaks).
+func (s *blockStats) takeRoom(p Pool, n int64) bool {
+	rb, rc := &s.roomBytes, &s.roomCount
+	if n > rb[p] || n > rb[NumPools] || rc[p] <= 0 || rc[NumPools] <= 0 {
+		return false
+	}
+	rb[p] -= n
+	rb[NumPools] -= n
+	rc[p]--
+	rc[NumPools]--
+	return true
+}
+
+// shadowHandOut is handOut's count in spec.Stats' own way (build tag
+// invariants).
+func (s *blockStats) shadowHandOut(p Pool, size, req uint64) {
+	sh := &s.shadow
+	sh.AllocatedBytes.Inc(p, size)
+	sh.RequestedBytes.Inc(p, req)
+	sh.ActiveBytes.Inc(p, size)
+	sh.Allocations.Inc(p, 1)
+	sh.ActiveBlocks.Inc(p, 1)
 }
 
 // raisePeaks raises the peaks of pool p and of all pools to the current

@@ -55,7 +55,7 @@ type packEntry struct {
 
 // packer is the prediction's state, under the Heap's lock.
 type packer struct {
-	table  []packEntry // packSlots entries, made on first use
+	table  *[packSlots]packEntry // made on first use
 	serial uint64
 	// predicted and long count the requests predicted and those
 	// predicted long-lived (PackCounts).
@@ -81,33 +81,56 @@ type packPred struct {
 }
 
 // noPred is the prediction of a request that is not predicted.
-var noPred = packPred{slot: -1}
+func noPred() packPred { return packPred{slot: -1} }
 
 // packClassLocked predicts a request of rs bytes in st under
 // Config.PackLongLived. Requests under a page are neither predicted nor
 // part of any key. It moves st's context on: one call a request.
 func (h *Heap) packClassLocked(st *state, rs uint64) packPred {
-	ps := h.packFrom[st.key.pool]
-	if ps == math.MaxUint64 || rs < ps || !st.key.private.IsZero() {
-		return noPred
+	if ps := h.packFrom[st.key.pool]; ps == math.MaxUint64 || rs < ps || !st.key.private.IsZero() {
+		return noPred()
 	}
+	return h.predictLocked(st, rs)
+}
+
+// predictLocked is packClassLocked for a request it predicts: of a page
+// or more (h.packFrom) in st, a state of a shared pool.
+//
+// A whole number of pages fills every page it touches: nothing to share,
+// so best fit and the exact-size lists serve it as well, and it is never
+// predicted long-lived. It moves st's context on like any other, but
+// its key is neither looked up nor recorded: only a request of the same
+// size could ask for it.
+func (h *Heap) predictLocked(st *state, rs uint64) packPred {
 	p := &h.mu.pack
+	p.predicted++
+	if h.wholePagesOf(rs, st.key.pool) {
+		st.lastLarge[2], st.lastLarge[1], st.lastLarge[0] = st.lastLarge[1], st.lastLarge[0], rs
+		return noPred()
+	}
 	if p.table == nil {
-		p.table = make([]packEntry, packSlots)
+		p.table = new([packSlots]packEntry)
 	}
 	key := packHash(st, rs)
-	copy(st.lastLarge[1:], st.lastLarge[:packContext-1])
-	st.lastLarge[0] = rs
+	st.lastLarge[2], st.lastLarge[1], st.lastLarge[0] = st.lastLarge[1], st.lastLarge[0], rs
 	slot := int(key & (packSlots - 1))
 	e := &p.table[slot]
-	// A whole number of pages fills every page it touches: nothing to
-	// share, so best fit and the exact-size lists serve it as well.
-	long := e.key == key && e.b != nil && e.b.state == stAllocated && e.b.born == e.born && rs%ps != 0
-	p.predicted++
+	long := e.key == key && e.b != nil && e.b.state == stAllocated && e.b.born == e.born
 	if long {
 		p.long++
 	}
 	return packPred{long: long, slot: slot, key: key}
+}
+
+// wholePagesOf reports whether rs bytes are a whole number of packing's
+// pages of pool p (h.packFrom): by a mask where the page is a power of
+// two, as the default's is, sparing a division on the allocation path.
+func (h *Heap) wholePagesOf(rs uint64, p Pool) bool {
+	ps := h.packFrom[p]
+	if ps&(ps-1) == 0 {
+		return rs&(ps-1) == 0
+	}
+	return rs%ps == 0
 }
 
 // noteBornLocked records b, just handed out for the request predicted
