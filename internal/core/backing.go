@@ -68,8 +68,11 @@ type ReleasePolicer interface {
 // allocation. The exported fields are set by Backing.NewSegment and do not
 // change afterwards.
 type Seg struct {
-	Stream       vmm.Stream
-	Pool         Pool
+	Stream vmm.Stream
+	Pool   Pool
+	// st is the (stream, pool) the segment belongs to: beside Pool, as
+	// Free's warm path reads both (TestHotLayout).
+	st           *state
 	Base         vmm.DevicePtr
 	Size         uint64
 	PageSize     uint64
@@ -82,7 +85,6 @@ type Seg struct {
 	// page is an allocation of its own.
 	bounds AllocBounder
 
-	st     *state   // the (stream, pool) it belongs to
 	first  *block   // blocks in address order
 	holes  []*block // unmapped blocks in address order
 	mapped uint64   // bytes mapped (while paused: to map again on resume)

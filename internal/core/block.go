@@ -82,26 +82,31 @@ type stateKey struct {
 }
 
 // state holds the segments and free blocks of one (stream, pool).
+//
+// What the warm paths read and write comes first: the key, the counts of
+// parked blocks and free bytes (one cache line), then the packing context
+// (the next), then recent, of which each size uses one slot
+// (TestHotLayout).
 type state struct {
-	key   stateKey
-	segs  []*Seg
-	exact map[uint64]*exactList // freed blocks not yet coalesced, by size
+	key stateKey
+	// exactN counts the blocks in exact lists.
+	exactN int
+	// freeBytes is the size of all free blocks (both structures).
+	freeBytes uint64
+	// lastLarge are the sizes of the last requests of a page or more
+	// under Config.PackLongLived, the latest first (pack.go).
+	lastLarge [packContext]uint64
+	exact     map[uint64]*exactList // freed blocks not yet coalesced, by size
+	segs      []*Seg
+	free      *btree.BTreeG[*block] // coalesced free blocks by (size, ptr)
 	// recent caches lists of exact, direct-mapped by a hash of the size
 	// (slotOf), so that the warm path finds a list without a map lookup.
 	recent [1 << recentBits]*exactList
-	// exactN counts the blocks in exact lists.
-	exactN int
 	// filled are the lists pushExact found empty since the last flush
 	// (each once, exactList.filled): flush walks them, not every size
 	// the state has seen.
 	filled []*exactList
-	free   *btree.BTreeG[*block] // coalesced free blocks by (size, ptr)
 	pivot  block
-	// lastLarge are the sizes of the last requests of a page or more
-	// under Config.PackLongLived, the latest first (pack.go).
-	lastLarge [packContext]uint64
-	// freeBytes is the size of all free blocks (both structures).
-	freeBytes uint64
 }
 
 // exactList is a list of free blocks of one size, through nextExact.

@@ -23,16 +23,22 @@ import (
 // A Heap is safe for concurrent use by multiple goroutines: one mutex
 // guards it and is held for the length of a call, except while the OOM
 // policy sleeps or waits for frees.
+//
+// The warm paths of Alloc and Free touch few cache lines, which counts
+// where another thread on the same core evicts them (the GPU machines'
+// CPUs run other tenants' threads on the sibling of each core): the
+// inputs they read first, then the lock and their state in heapMu, then
+// the block counters, each in lines of their own. The Go runtime starts
+// a Heap 8 bytes into a line (past its allocation header), so the
+// struct's lines start at offsets 56, 120, ...; TestHotLayout checks
+// the lines at the addresses the runtime gives.
 type Heap struct {
-	drv   vmm.Driver
-	dev   vmm.Device
-	back  Backing
-	cfg   Config
+	// The warm paths' inputs, fixed by NewHeap, in the first cache line
+	// (56 bytes of it).
 	limit uint64 // no request above this can ever succeed
-	log   *slog.Logger
-	// release is the Backing's ReleasePolicy (the zero value if it has
-	// none).
-	release ReleasePolicy
+	// poolMax is, for each pool but the last, the largest request
+	// (rounded) it takes: Config.PoolClasses' MaxRequest.
+	poolMax [NumPools - 1]uint64
 	// classPage is, by pool, the page size classOf divides a request by
 	// under Config.SizeClasses; 0 without it.
 	classPage [NumPools]uint64
@@ -40,8 +46,21 @@ type Heap struct {
 	// (pack.go): the smallest request predicted; without it,
 	// math.MaxUint64 (none).
 	packFrom [NumPools]uint64
-	// classes are cfg's shared pools (Config.PoolClasses), kept for the
-	// allocation path.
+	whole    bool    // Config.WholePages
+	_        [7]byte // heapMu starts the next line (TestHotLayout)
+
+	mu heapMu
+
+	drv  vmm.Driver
+	dev  vmm.Device
+	back Backing
+	cfg  Config
+	log  *slog.Logger
+	// release is the Backing's ReleasePolicy (the zero value if it has
+	// none).
+	release ReleasePolicy
+	// classes are cfg's shared pools (Config.PoolClasses), in Pool
+	// order.
 	classes [NumPools]spec.PoolClass
 	// donors are, by pool, the smaller pools whose free pages a growth of
 	// the pool may take (grow.go); mates are all its page mates.
@@ -58,47 +77,67 @@ type Heap struct {
 	// done is closed by Close (under mu, see wakeLocked): an allocation
 	// sleeping in the OOM backoff, without the lock, wakes on it.
 	done chan struct{}
-
-	mu heapMu
 }
 
 // heapMu is what Heap's lock guards, with the lock. Its Unlock works out
 // quiet and plain, the warm paths' conditions, afresh; the warm paths,
 // which change none of their inputs, let go by heapLock's own Unlock.
 type heapMu struct {
-	heapLock
+	heapLock // its warm fields in the Heap's second line (heaplock.go)
+	// The rest of the warm paths' state: the third line, then packing
+	// and the states of class 0 in the fourth.
 	closed bool
-	states map[stateKey]*state
-	def    [NumPools][numClasses]*state // the states of stream 0, by pool and size class
-	blocks map[vmm.DevicePtr]*block
+	// quiet: an Alloc can take a parked block at once (warmAllocLocked);
+	// plain: a Free of a block of a shared pool, used on its stream only,
+	// takes the warm path (plainFreeLocked).
+	quiet, plain bool
+	// noWarm turns both warm paths off (SetWarmPaths), for the tests
+	// that hold them to the general path's results.
+	noWarm bool
+	trims  bool // Config.ReleaseThreshold is set
+	// shape changes whenever the blocks may have changed other than by
+	// the warm paths: at every Unlock, and when a Free coalesces. A block
+	// seen isolated at a shape stays so until it changes (popExact).
+	shape uint64
+	// lastStream is the stream Alloc saw last (see streams).
+	lastStream vmm.Stream
+	// freeSeq numbers the frees (block.freed); marks are the
+	// streams' marks (marks.go).
+	freeSeq uint64
+	// freed, when not nil, is closed by the next free (an allocation
+	// waiting in the OOM policy for frees).
+	freed chan struct{}
+	hist  *history // the allocation history, nil while off (history.go)
+	pack  packer   // Config.PackLongLived (pack.go)
+	// def are the states of stream 0, by size class and pool: those of
+	// class 0, all a Heap without Config.SizeClasses uses, first.
+	def [numClasses][NumPools]*state
+	// Then the block counters, from a line of their own: each pool's
+	// warm counters fill one line (hotstats.go).
+	spare *block // recycled block structs, through next
+	// chunkMark is the most ReservedBytes has been since the Heap was
+	// made or last emptied: chunks are made only past it (grow.go).
+	chunkMark uint64
+	states    map[stateKey]*state
+	blocks    map[vmm.DevicePtr]*block
+	bstats    blockStats
 	// handed caches blocks handed out by a hash of their ptr, so that
 	// Free finds a block without the map (blockLocked).
 	handed [1 << handedBits]*block
-	spare  *block // recycled block structs, through next
 	nodes  *btree.FreeListG[*block]
 	// stats are the statistics but for those of blocks, which
 	// bstats keeps (hotstats.go): read them with statsLocked.
 	stats  Stats
-	bstats blockStats
 	mapped [NumPools]uint64 // bytes mapped, by pool
-	// chunkMark is the most ReservedBytes has been since the Heap was
-	// made or last emptied: chunks are made only past it (grow.go).
-	chunkMark uint64
-	// freeSeq numbers the frees (block.freed); marks are the
-	// streams' marks (marks.go).
-	freeSeq uint64
-	marks   map[vmm.Stream]*streamMark
+	marks  map[vmm.Stream]*streamMark
 	// retiring are the segments with retired runs (retire.go).
 	retiring []*Seg
 	pending  []pendingEvent
-	events   []vmm.Event // recorded and completed, for reuse
-	freed    chan struct{}
+	events   []vmm.Event    // recorded and completed, for reuse
 	pins     map[*block]int // pin counts of shared blocks (pin.go)
 	// streams are the streams the driver has confirmed live
-	// (streams.go), lastStream the one Alloc saw last: a stream is
-	// checked once, not on every allocation.
-	streams    map[vmm.Stream]struct{}
-	lastStream vmm.Stream
+	// (streams.go): a stream is checked once, not on every allocation.
+	streams map[vmm.Stream]struct{}
 	// Private pools (pools.go): every pool by id, the active routes
 	// in the order begun, and the frees deferred while one is active.
 	pools    map[PoolID]*privatePool
@@ -118,20 +157,6 @@ type heapMu struct {
 	// trimFloor is, under ReleasePolicy.WholeSegments, the free bytes
 	// over the threshold that the last release left (release.go).
 	trimFloor uint64
-	pack      packer   // Config.PackLongLived (pack.go)
-	hist      *history // the allocation history, nil while off (history.go)
-	// quiet: an Alloc can take a parked block at once (warmAllocLocked);
-	// plain: a Free of a block of a shared pool, used on its stream only,
-	// takes the warm path (plainFreeLocked).
-	quiet, plain bool
-	// noWarm turns both warm paths off (SetWarmPaths), for the tests
-	// that hold them to the general path's results.
-	noWarm bool
-	trims  bool // Config.ReleaseThreshold is set
-	// shape changes whenever the blocks may have changed other than by
-	// the warm paths: at every Unlock, and when a Free coalesces. A block
-	// seen isolated at a shape stays so until it changes (popExact).
-	shape uint64
 }
 
 // Unlock releases the lock, working out quiet and plain for the next
@@ -187,6 +212,15 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 	h := &Heap{drv: d, dev: dev, back: b, cfg: cfg, limit: limit, log: log, done: make(chan struct{})}
 	h.mu.trims = cfg.ReleaseThreshold > 0
 	h.classes = cfg.PoolClasses()
+	for i, c := range h.classes {
+		if c.Pool != Pool(i) {
+			panic(fmt.Sprintf("xseg: pool class %d is of pool %v", i, c.Pool))
+		}
+		if i < NumPools-1 {
+			h.poolMax[i] = c.MaxRequest
+		}
+	}
+	h.whole = cfg.WholePages
 	for _, p := range spec.Pools() {
 		h.mates[p] = cfg.PageMates(p)
 		for _, q := range h.mates[p] {
@@ -222,7 +256,7 @@ func NewHeap(d vmm.Driver, dev vmm.Device, b Backing, cfg Config, limit uint64, 
 		}
 	}
 	for _, p := range spec.Pools() {
-		h.mu.def[p][0] = h.stateLocked(0, p, 0)
+		h.mu.def[0][p] = h.stateLocked(0, p, 0)
 	}
 	h.mu.settle()
 	return h, nil
@@ -238,7 +272,7 @@ func (h *Heap) Config() Config { return h.cfg }
 // segment from its page-aligned base), so sharing one exposes nothing
 // else. Sizes that would overflow are left for the size check to refuse.
 func (h *Heap) wholePages(rs uint64, p Pool) uint64 {
-	if !h.cfg.WholePages {
+	if !h.whole {
 		return rs
 	}
 	ps := h.classes[p].PageSize
@@ -249,17 +283,17 @@ func (h *Heap) wholePages(rs uint64, p Pool) uint64 {
 }
 
 func (h *Heap) PoolOf(size uint64) Pool {
-	for i := range NumPools - 1 {
-		if size <= h.classes[i].MaxRequest {
-			return h.classes[i].Pool
+	for i, max := range h.poolMax {
+		if size <= max {
+			return Pool(i)
 		}
 	}
-	return h.classes[NumPools-1].Pool
+	return Pool(NumPools - 1)
 }
 
 func (h *Heap) stateLocked(s vmm.Stream, p Pool, c uint8) *state {
-	if s == 0 && h.mu.def[p][c] != nil {
-		return h.mu.def[p][c]
+	if s == 0 && h.mu.def[c][p] != nil {
+		return h.mu.def[c][p]
 	}
 	k := stateKey{stream: s, pool: p, class: c}
 	st := h.mu.states[k]
@@ -267,7 +301,7 @@ func (h *Heap) stateLocked(s vmm.Stream, p Pool, c uint8) *state {
 		st = newState(k, h.mu.nodes)
 		h.mu.states[k] = st
 		if s == 0 {
-			h.mu.def[p][c] = st
+			h.mu.def[c][p] = st
 		}
 		i, _ := slices.BinarySearchFunc(h.mu.shared, st, donorOrder)
 		h.mu.shared = slices.Insert(h.mu.shared, i, st)
@@ -332,7 +366,7 @@ func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 		return h.allocCold(size, rs, pool, s)
 	}
 	c := h.classOf(rs, pool)
-	st := h.mu.def[pool][c]
+	st := h.mu.def[c][pool]
 	if s != 0 || st == nil {
 		st = h.stateLocked(s, pool, c)
 	}

@@ -37,7 +37,9 @@ const (
 	numTotals = hActiveBytes
 )
 
-// poolBlockStats are one pool's counters.
+// poolBlockStats are one pool's counters. What a warm Alloc and Free
+// move, the current and total values and the room, comes first and fills
+// one cache line (TestHotLayout); the struct is padded to whole lines.
 type poolBlockStats struct {
 	// cur holds the current values of the first numTotals counters.
 	// pend holds the bytes and blocks freed but still active (pending
@@ -45,10 +47,18 @@ type poolBlockStats struct {
 	// pend[0], active blocks cur[hAllocs] + pend[1]. A block handed out
 	// or freed at once moves the allocated counters only.
 	cur   [numTotals]int64
-	pend  [2]int64
-	peak  [numHot]int64
 	total [numTotals]int64
-	base  [numHot]int64 // current at the last ResetAccumulatedStats
+	// roomBytes and roomCount are lower bounds on how far each byte
+	// counter and each count of the pool is below its peak: while a
+	// block fits in them, no peak can rise, and handOut makes one
+	// comparison of each instead of ten of the peaks. They are 0 (no
+	// room known) until a handOut measures them, and again after
+	// resetPeaks. blockStats keeps those of all pools.
+	roomBytes, roomCount int64
+	pend                 [2]int64
+	peak                 [numHot]int64
+	base                 [numHot]int64 // current at the last ResetAccumulatedStats
+	_                    [4]int64
 }
 
 // current returns the current values of all five counters.
@@ -59,16 +69,12 @@ func (ps *poolBlockStats) current() [numHot]int64 {
 
 type blockStats struct {
 	pools [NumPools]poolBlockStats
-	// allPeak are the all-pools peaks; the all-pools current values are
-	// the sums of the pools' (allCurrent).
-	allPeak [numHot]int64
-	// roomBytes and roomCount are, for each pool and for all of them
-	// (index NumPools), lower bounds on how far each byte counter and
-	// each count is below its peak: while a block fits in them, no peak
-	// can rise, and handOut makes one comparison of each instead of ten
-	// of the peaks. They are 0 (no room known) until a handOut measures
-	// them, and again after resetPeaks.
-	roomBytes, roomCount [NumPools + 1]int64
+	// allRoomBytes and allRoomCount are the room of all pools (see
+	// poolBlockStats.roomBytes), in one cache line with allPeak, the
+	// all-pools peaks; the all-pools current values are the sums of
+	// the pools' (allCurrent).
+	allRoomBytes, allRoomCount int64
+	allPeak                    [numHot]int64
 	// shadow, under the build tag invariants only, counts the same in
 	// spec.Stats' own way, for verifyLocked to compare with fold.
 	shadow Stats
@@ -117,14 +123,14 @@ func (s *blockStats) count(p Pool, size, req uint64) {
 // n or r <= n, the counts by 1, so no peak can have risen. Otherwise it
 // changes nothing and a peak may have to rise (raisePeaks).
 func (s *blockStats) takeRoom(p Pool, n int64) bool {
-	rb, rc := &s.roomBytes, &s.roomCount
-	if n > rb[p] || n > rb[NumPools] || rc[p] <= 0 || rc[NumPools] <= 0 {
+	ps := &s.pools[p]
+	if n > ps.roomBytes || n > s.allRoomBytes || ps.roomCount <= 0 || s.allRoomCount <= 0 {
 		return false
 	}
-	rb[p] -= n
-	rb[NumPools] -= n
-	rc[p]--
-	rc[NumPools]--
+	ps.roomBytes -= n
+	s.allRoomBytes -= n
+	ps.roomCount--
+	s.allRoomCount--
 	return true
 }
 
@@ -148,8 +154,8 @@ func (s *blockStats) raisePeaks(p Pool) {
 		raise(&pk[i], c[i])
 		raise(&ap[i], a[i])
 	}
-	s.roomBytes[p], s.roomCount[p] = roomOf(pk, &c)
-	s.roomBytes[NumPools], s.roomCount[NumPools] = roomOf(ap, &a)
+	s.pools[p].roomBytes, s.pools[p].roomCount = roomOf(pk, &c)
+	s.allRoomBytes, s.allRoomCount = roomOf(ap, &a)
 }
 
 // roomOf is how far the byte counters of cur, and its counts, are below
@@ -197,11 +203,12 @@ func (ps *poolBlockStats) lower(size, req uint64) {
 // active at once: every counter of pool p and of all pools falls by at
 // least req bytes or 1, and so their room grows by as much.
 func (s *blockStats) free(p Pool, size, req uint64) {
-	s.pools[p].lower(size, req)
-	s.roomBytes[p] += int64(req)
-	s.roomBytes[NumPools] += int64(req)
-	s.roomCount[p]++
-	s.roomCount[NumPools]++
+	ps := &s.pools[p]
+	ps.lower(size, req)
+	ps.roomBytes += int64(req)
+	s.allRoomBytes += int64(req)
+	ps.roomCount++
+	s.allRoomCount++
 	if invariantsOn {
 		sh := &s.shadow
 		sh.AllocatedBytes.Dec(p, size)
@@ -281,7 +288,10 @@ func (s *blockStats) resetPeaks() {
 		s.pools[p].peak = s.pools[p].current()
 	}
 	s.allPeak = s.allCurrent()
-	s.roomBytes, s.roomCount = [NumPools + 1]int64{}, [NumPools + 1]int64{}
+	for p := range s.pools {
+		s.pools[p].roomBytes, s.pools[p].roomCount = 0, 0
+	}
+	s.allRoomBytes, s.allRoomCount = 0, 0
 	if invariantsOn {
 		s.shadow.ResetPeaks()
 	}
@@ -312,13 +322,14 @@ func (s *blockStats) verify() error {
 		}
 	}
 	for p := range NumPools + 1 {
-		peak, cur := &s.allPeak, s.allCurrent()
+		peak, cur, rb, rc := &s.allPeak, s.allCurrent(), s.allRoomBytes, s.allRoomCount
 		if p < NumPools {
-			peak, cur = &s.pools[p].peak, s.pools[p].current()
+			ps := &s.pools[p]
+			peak, cur, rb, rc = &ps.peak, ps.current(), ps.roomBytes, ps.roomCount
 		}
 		b, c := roomOf(peak, &cur)
-		if s.roomBytes[p] > b || s.roomCount[p] > c || s.roomBytes[p] < 0 || s.roomCount[p] < 0 {
-			return fmt.Errorf("room %d: %d bytes and %d blocks kept, but counters are %d bytes and %d blocks under their peaks", p, s.roomBytes[p], s.roomCount[p], b, c)
+		if rb > b || rc > c || rb < 0 || rc < 0 {
+			return fmt.Errorf("room %d: %d bytes and %d blocks kept, but counters are %d bytes and %d blocks under their peaks", p, rb, rc, b, c)
 		}
 	}
 	return nil
