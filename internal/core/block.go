@@ -89,8 +89,10 @@ type stateKey struct {
 // (TestHotLayout).
 type state struct {
 	key stateKey
-	// exactN counts the blocks in exact lists.
-	exactN int
+	// exactN counts the blocks in exact lists (at most maxExact).
+	exactN int32
+	// shared: the state is of the shared pools (key.private is zero).
+	shared bool
 	// freeBytes is the size of all free blocks (both structures).
 	freeBytes uint64
 	// lastLarge are the sizes of the last requests of a page or more
@@ -140,9 +142,10 @@ const maxExact = 4096
 
 func newState(k stateKey, fl *btree.FreeListG[*block]) *state {
 	return &state{
-		key:   k,
-		exact: make(map[uint64]*exactList),
-		free:  btree.NewWithFreeListG(32, lessBySize, fl),
+		key:    k,
+		shared: k.private.IsZero(),
+		exact:  make(map[uint64]*exactList),
+		free:   btree.NewWithFreeListG(32, lessBySize, fl),
 	}
 }
 

@@ -122,7 +122,7 @@ func (h *Heap) verifyState(st *state, t *tally) error {
 	if queued != marked {
 		return fmt.Errorf("%d exact lists queued for flush, %d marked", queued, marked)
 	}
-	if exact != st.exactN {
+	if exact != int(st.exactN) {
 		return fmt.Errorf("exact lists hold %d blocks, count says %d", exact, st.exactN)
 	}
 	inTree := 0

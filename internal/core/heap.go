@@ -283,12 +283,14 @@ func (h *Heap) wholePages(rs uint64, p Pool) uint64 {
 }
 
 func (h *Heap) PoolOf(size uint64) Pool {
-	for i, max := range h.poolMax {
-		if size <= max {
-			return Pool(i)
-		}
+	// One comparison for the two pools there are: neither constant below
+	// compiles unless NumPools is 2 (a loop over poolMax cost the warm
+	// path four times the instructions).
+	const _, _ = uint(NumPools - 2), uint(2 - NumPools)
+	if size <= h.poolMax[0] {
+		return Pool(0)
 	}
-	return Pool(NumPools - 1)
+	return Pool(1)
 }
 
 func (h *Heap) stateLocked(s vmm.Stream, p Pool, c uint8) *state {
@@ -681,7 +683,7 @@ func (h *Heap) plainFreeLocked(b *block) bool { return h.mu.plainNow() && plainB
 // plainBlock reports whether b is an allocated block of a shared pool,
 // used on its own stream only.
 func plainBlock(b *block) bool {
-	return b != nil && b.state == stAllocated && len(b.uses) == 0 && b.seg.st.key.private.IsZero()
+	return b != nil && b.state == stAllocated && len(b.uses) == 0 && b.seg.st.shared
 }
 
 // unhandLocked takes freed block b out of Heap.mu.handed, where it sits

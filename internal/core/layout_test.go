@@ -1,3 +1,5 @@
+//go:build !race
+
 package core
 
 import (
@@ -20,7 +22,8 @@ var layoutSink []any
 // key and counts to one line and its packing context to the next; a
 // segment's pool and state to one line. A field moved, or grown, past its
 // line fails here rather than slowing the warm pair on a loaded
-// machine; so does a runtime that places objects otherwise.
+// machine; so does a runtime that places objects otherwise. (Not under
+// the race detector, whose heapLock is a sync.Mutex: heaplock_race.go.)
 func TestHotLayout(t *testing.T) {
 	const line = 64
 	h, st, sg := new(Heap), new(state), new(Seg)
@@ -77,6 +80,7 @@ func TestHotLayout(t *testing.T) {
 	in("state key", sl, 0, unsafe.Pointer(&st.key), unsafe.Sizeof(st.key))
 	in("state exactN", sl, 0, unsafe.Pointer(&st.exactN), 8)
 	in("state freeBytes", sl, 0, unsafe.Pointer(&st.freeBytes), 8)
+	in("state shared", sl, 0, unsafe.Pointer(&st.shared), 1)
 	in("state lastLarge", sl, 1, unsafe.Pointer(&st.lastLarge), unsafe.Sizeof(st.lastLarge))
 
 	gl, _ := lineOf(unsafe.Pointer(&sg.Pool), 8)

@@ -142,7 +142,7 @@ func (h *Heap) noteBornLocked(pred *packPred, b *block) {
 	p := &h.mu.pack
 	p.serial++
 	b.born = p.serial
-	p.table[pred.slot] = packEntry{key: pred.key, b: b, born: b.born}
+	p.table[pred.slot&(packSlots-1)] = packEntry{key: pred.key, b: b, born: b.born}
 }
 
 // packHash is the key of a request of rs bytes in st: st (its stream,
