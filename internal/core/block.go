@@ -98,9 +98,11 @@ type state struct {
 	// lastLarge are the sizes of the last requests of a page or more
 	// under Config.PackLongLived, the latest first (pack.go).
 	lastLarge [packContext]uint64
-	exact     map[uint64]*exactList // freed blocks not yet coalesced, by size
-	segs      []*Seg
-	free      *btree.BTreeG[*block] // coalesced free blocks by (size, ptr)
+	// packKey is the key's term of packHash, worked out once.
+	packKey uint64
+	exact   map[uint64]*exactList // freed blocks not yet coalesced, by size
+	segs    []*Seg
+	free    *btree.BTreeG[*block] // coalesced free blocks by (size, ptr)
 	// recent caches lists of exact, direct-mapped by a hash of the size
 	// (slotOf), so that the warm path finds a list without a map lookup.
 	recent [1 << recentBits]*exactList
@@ -142,10 +144,11 @@ const maxExact = 4096
 
 func newState(k stateKey, fl *btree.FreeListG[*block]) *state {
 	return &state{
-		key:    k,
-		shared: k.private.IsZero(),
-		exact:  make(map[uint64]*exactList),
-		free:   btree.NewWithFreeListG(32, lessBySize, fl),
+		key:     k,
+		shared:  k.private.IsZero(),
+		packKey: packKeyTerm(k),
+		exact:   make(map[uint64]*exactList),
+		free:    btree.NewWithFreeListG(32, lessBySize, fl),
 	}
 }
 

@@ -82,6 +82,7 @@ func TestHotLayout(t *testing.T) {
 	in("state freeBytes", sl, 0, unsafe.Pointer(&st.freeBytes), 8)
 	in("state shared", sl, 0, unsafe.Pointer(&st.shared), 1)
 	in("state lastLarge", sl, 1, unsafe.Pointer(&st.lastLarge), unsafe.Sizeof(st.lastLarge))
+	in("state packKey", sl, 1, unsafe.Pointer(&st.packKey), 8)
 
 	gl, _ := lineOf(unsafe.Pointer(&sg.Pool), 8)
 	in("segment state", gl, 0, unsafe.Pointer(&sg.st), 8)

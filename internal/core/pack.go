@@ -160,8 +160,13 @@ func packHash(st *state, rs uint64) uint64 {
 		st.lastLarge[0]*0xc2b2ae3d27d4eb4f +
 		st.lastLarge[1]*0x165667b19e3779f9 +
 		st.lastLarge[2]*0xd6e8feb86659fd93 +
-		(uint64(st.key.stream)^uint64(st.key.pool)<<56^uint64(st.key.class)<<48)*0xff51afd7ed558ccd
+		st.packKey
 	return packMix(x)
+}
+
+// packKeyTerm is packHash's term for the state of key k (state.packKey).
+func packKeyTerm(k stateKey) uint64 {
+	return (uint64(k.stream) ^ uint64(k.pool)<<56 ^ uint64(k.class)<<48) * 0xff51afd7ed558ccd
 }
 
 // packMix is SplitMix64's finalizer: every input bit moves every output
