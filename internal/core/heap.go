@@ -377,7 +377,7 @@ func (h *Heap) Alloc(size uint64, s vmm.Stream) (vmm.DevicePtr, error) {
 	// predicted long-lived goes where packing puts it, past the
 	// exact-size lists.
 	pred := packPred{slot: -1}
-	if rs >= h.packFrom[pool] {
+	if rs >= h.packFrom[pool] && !h.wholeRequestLocked(st, rs) {
 		if pred = h.predictLocked(st, rs); pred.long {
 			return h.allocHeld(size, rs, pool, s, true, PoolID{}, &pred)
 		}

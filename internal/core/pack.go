@@ -102,17 +102,16 @@ func (h *Heap) packClassLocked(st *state, rs uint64) packPred {
 // its key is neither looked up nor recorded: only a request of the same
 // size could ask for it.
 func (h *Heap) predictLocked(st *state, rs uint64) packPred {
-	p := &h.mu.pack
-	p.predicted++
-	if h.wholePagesOf(rs, st.key.pool) {
-		st.lastLarge[2], st.lastLarge[1], st.lastLarge[0] = st.lastLarge[1], st.lastLarge[0], rs
+	if h.wholeRequestLocked(st, rs) {
 		return noPred()
 	}
+	p := &h.mu.pack
+	p.predicted++
 	if p.table == nil {
 		p.table = new([packSlots]packEntry)
 	}
 	key := packHash(st, rs)
-	st.lastLarge[2], st.lastLarge[1], st.lastLarge[0] = st.lastLarge[1], st.lastLarge[0], rs
+	st.pushContext(rs)
 	slot := int(key & (packSlots - 1))
 	e := &p.table[slot]
 	long := e.key == key && e.b != nil && e.b.state == stAllocated && e.b.born == e.born
@@ -120,6 +119,25 @@ func (h *Heap) predictLocked(st *state, rs uint64) packPred {
 		p.long++
 	}
 	return packPred{long: long, slot: slot, key: key}
+}
+
+// wholeRequestLocked predicts a request of rs bytes in st if it is a
+// whole number of pages, and reports whether it was: such a request is
+// counted and moves st's context on, nothing more (predictLocked). Small
+// enough to be inlined into Alloc's warm path, which so calls
+// predictLocked only for the rest.
+func (h *Heap) wholeRequestLocked(st *state, rs uint64) bool {
+	if !h.wholePagesOf(rs, st.key.pool) {
+		return false
+	}
+	h.mu.pack.predicted++
+	st.pushContext(rs)
+	return true
+}
+
+// pushContext moves st's context on by a request of rs bytes.
+func (st *state) pushContext(rs uint64) {
+	st.lastLarge[2], st.lastLarge[1], st.lastLarge[0] = st.lastLarge[1], st.lastLarge[0], rs
 }
 
 // wholePagesOf reports whether rs bytes are a whole number of packing's
