@@ -57,7 +57,7 @@ func ExampleParseConfig() {
 	// Output:
 	// large pages: 8 MiB
 	// OOM retries: 0
-	// config: unknown key "large_page_mib" (the keys: chunk_mb, chunk_min_mb, large_page_mb, oom_delay_ms, oom_max_retries, oom_size_factor, oom_verbose, oom_wait_ms, pack_long_lived, page_cache_mb, policy, recycle_pages, release_threshold_mb, shareable, size_classes, small_limit_kb, small_page_mb, whole_pages): invalid argument
+	// config: unknown key "large_page_mib" (the keys: chunk_mb, chunk_min_mb, large_page_mb, oom_delay_ms, oom_max_retries, oom_size_factor, oom_verbose, oom_wait_ms, pack_long_lived, page_cache_mb, policy, recycle_pages, release_threshold_mb, settle_chains, shareable, size_classes, small_limit_kb, small_page_mb, whole_pages): invalid argument
 }
 
 // When memory runs out, Alloc fails with an error matching

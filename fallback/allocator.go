@@ -44,9 +44,9 @@ type Allocator struct {
 //
 // It reads cfg as follows (Allocator.Config returns the result):
 //
-//   - RecyclePages, SizeClasses, PackLongLived, ChunkBytes and
-//     ChunkMinBytes (XSEG_CONF's recycle_pages, size_classes,
-//     pack_long_lived, chunk_mb, chunk_min_mb) do not apply: they move or
+//   - RecyclePages, SizeClasses, PackLongLived, SettleChains, ChunkBytes
+//     and ChunkMinBytes (XSEG_CONF's recycle_pages, size_classes,
+//     pack_long_lived, settle_chains, chunk_mb, chunk_min_mb) do not apply: they move or
 //     share pages of address ranges mapped on demand, which plain
 //     allocations are not. They are ignored, turned off whatever they say,
 //     so that one configuration serves devices with and without VMM.
@@ -88,7 +88,7 @@ func New(d vmm.Driver, dev vmm.Device, cfg Config, log *slog.Logger) (*Allocator
 // layout's defaults replaced by ClassicConfig's, as New says.
 func effectiveConfig(cfg Config) Config {
 	cfg.RecyclePages, cfg.SizeClasses, cfg.ChunkBytes, cfg.ChunkMinBytes = false, false, 0, 0
-	cfg.PackLongLived = false
+	cfg.PackLongLived, cfg.SettleChains = false, false
 	def, classic := core.DefaultConfig(), core.ClassicConfig()
 	if cfg.LargePageSize == def.LargePageSize {
 		cfg.LargePageSize = classic.LargePageSize

@@ -19,7 +19,7 @@ import (
 // recycle_pages" although recycling was never turned off.
 func TestNewIgnoresExpandablePolicy(t *testing.T) {
 	d := vmmtest.HostDriver(t, 1<<30)
-	for _, conf := range []string{"size_classes:1", "chunk_mb:64,chunk_min_mb:8", "recycle_pages:0", "recycle_pages:1,size_classes:1", "pack_long_lived:1", ""} {
+	for _, conf := range []string{"size_classes:1", "chunk_mb:64,chunk_min_mb:8", "recycle_pages:0", "recycle_pages:1,size_classes:1", "pack_long_lived:1", "pack_long_lived:1,settle_chains:1", ""} {
 		cfg, err := spec.ParseConfig(spec.DefaultConfig(), conf)
 		require.NoError(t, err, conf)
 		a, err := New(d, 0, cfg, nil)
@@ -28,6 +28,7 @@ func TestNewIgnoresExpandablePolicy(t *testing.T) {
 		require.False(t, got.RecyclePages, conf)
 		require.False(t, got.SizeClasses, conf)
 		require.False(t, got.PackLongLived, conf)
+		require.False(t, got.SettleChains, conf)
 		require.Zero(t, got.ChunkBytes, conf)
 		require.Zero(t, got.ChunkMinBytes, conf)
 		c := core.ClassicConfig()

@@ -18,7 +18,7 @@
 // address order; a segment is its own single page, mapped from the start.
 //
 // The configuration is read as New says: the expandable allocator's page
-// policy (recycle_pages, size_classes, pack_long_lived, chunk_mb,
+// policy (recycle_pages, size_classes, pack_long_lived, settle_chains, chunk_mb,
 // chunk_min_mb) does not
 // apply and is ignored; the page size keys set the segment sizes, and
 // xseg.DefaultConfig's page layout (2 MiB large pages, no small pool),

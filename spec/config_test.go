@@ -281,3 +281,21 @@ func TestParseConfigErrorsSayWhatIsWanted(t *testing.T) {
 	c.OOMWait = time.Hour + 1
 	require.ErrorIs(t, c.Validate(), vmm.ErrInvalid, "Validate holds the bound for Go callers")
 }
+
+// TestParseConfigSettleChains: settle_chains is a boolean, off by
+// default, part of the page policy that a policy key sets whole.
+func TestParseConfigSettleChains(t *testing.T) {
+	require.False(t, DefaultConfig().SettleChains)
+	for conf, want := range map[string]bool{
+		"settle_chains:1":                   true,
+		"settle_chains:true,policy:default": false,
+		"policy:default,settle_chains:1":    true,
+		"settle_chains:0":                   false,
+	} {
+		c, err := ParseConfig(DefaultConfig(), conf)
+		require.NoError(t, err, conf)
+		require.Equal(t, want, c.SettleChains, conf)
+	}
+	_, err := ParseConfig(DefaultConfig(), "settle_chains:yes")
+	require.ErrorContains(t, err, `key "settle_chains": not a boolean`)
+}

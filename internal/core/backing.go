@@ -91,6 +91,11 @@ type Seg struct {
 	// retired are runs of holes whose pages went to the page cache while
 	// still mapped (retire.go), in the order retired.
 	retired []retiredRun
+	// chained holds the indices of the pages a chain growth mapped
+	// (pack.go) that are mapped still; cycles counts, by page index, the
+	// times a growth recycled such a page away (chainCycles).
+	chained map[int]struct{}
+	cycles  map[int]uint8
 	// paused: the segment's tag is paused (pause.go): its blocks keep
 	// their books, their pages are given back and not in Heap.mu.mapped.
 	paused bool

@@ -51,8 +51,11 @@ type block struct {
 	iso uint64
 	// born is the serial Config.PackLongLived's table recorded this
 	// allocation with (pack.go), 0 for any other.
-	born    uint64
-	state   blockState
+	born  uint64
+	state blockState
+	// cycles, for a hole, is the most any of its pages went round
+	// between a chain growth and recycling (Seg.cycles, chainCycles).
+	cycles  uint8
 	inExact bool
 	// deferred: freed while a pool was active, its stream events not yet
 	// recorded (pools.go).

@@ -1,10 +1,12 @@
 package core
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 
 	"github.com/xseg-dev/xseg/spec"
+	"github.com/xseg-dev/xseg/vmm"
 )
 
 // checkLocked verifies the Heap's books and panics on the first violation:
@@ -183,7 +185,35 @@ func (h *Heap) verifySeg(seg *Seg, t *tally) (int, error) {
 	if at != seg.End() || holes != len(seg.holes) || mapped != seg.mapped {
 		return 0, fmt.Errorf("blocks end at %v, %d holes of %d listed, %d bytes mapped, %d counted", at, holes, len(seg.holes), mapped, seg.mapped)
 	}
-	return free, nil
+	return free, verifyChained(seg)
+}
+
+// verifyChained checks the books of chain cycles (pack.go): a page a
+// chain growth mapped is mapped, and a hole counts at least the cycles
+// of each of its pages.
+func verifyChained(seg *Seg) error {
+	holeAt := func(i int) *block {
+		p := seg.Base.Add(uint64(i) * seg.PageSize)
+		j, _ := slices.BinarySearchFunc(seg.holes, p, func(b *block, p vmm.DevicePtr) int { return cmp.Compare(b.ptr, p) })
+		if j < len(seg.holes) && seg.holes[j].ptr == p {
+			return seg.holes[j]
+		}
+		if j > 0 && seg.holes[j-1].end() > p {
+			return seg.holes[j-1]
+		}
+		return nil
+	}
+	for i := range seg.chained {
+		if i < 0 || uint64(i)*seg.PageSize >= seg.Size || holeAt(i) != nil {
+			return fmt.Errorf("page %d is booked as mapped by a chain growth but is not mapped", i)
+		}
+	}
+	for i, c := range seg.cycles {
+		if h := holeAt(i); c == 0 || h != nil && h.cycles < c {
+			return fmt.Errorf("page %d: %d chain cycles, its hole counts fewer", i, c)
+		}
+	}
+	return nil
 }
 
 func (h *Heap) tallyBlock(b *block, t *tally, free *int) {

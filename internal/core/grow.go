@@ -55,7 +55,7 @@ func (h *Heap) splitChunkLocked(b *block, rs uint64) bool {
 		b.seg.st.removeFree(b)
 		return false
 	}
-	n64, _, err := h.unmapSpanLocked(b, lo, hi, false)
+	n64, _, err := h.unmapSpanLocked(b, lo, hi, false, false)
 	if err != nil {
 		h.log.Warn("xseg: unmapping a physical allocation to split it", "err", err)
 	}
@@ -118,7 +118,8 @@ func (h *Heap) growIntoLocked(st *state, hole, chain *block, rs uint64) (*block,
 			panic("core: the hole to grow into vanished")
 		}
 	}
-	b, err := h.mapIntoLocked(hole, rs)
+	// The books of chain cycles are kept only where they are read.
+	b, err := h.mapIntoLocked(hole, rs, chain != nil && h.cfg.SettleChains)
 	if h.holder != nil {
 		if serr := h.pageWorkLocked(func() error { return h.holder.SettlePages(&h.mu.stats) }); serr != nil {
 			h.log.Warn("xseg: releasing recycled pages the growth did not use", "err", serr)
@@ -307,8 +308,9 @@ func findHole(st *state, rs uint64) *block {
 
 // mapIntoLocked maps the pages of hole that a block of rs bytes starting
 // at the free block before the hole (or at the hole) needs, and returns
-// that free block, merged, in no free structure.
-func (h *Heap) mapIntoLocked(hole *block, rs uint64) (*block, error) {
+// that free block, merged, in no free structure; chained says a chain
+// growth maps them (pack.go).
+func (h *Heap) mapIntoLocked(hole *block, rs uint64, chained bool) (*block, error) {
 	seg := hole.seg
 	_, size := h.growSpan(hole, rs)
 	// Cached pages are reserved already: only new ones count against the
@@ -347,8 +349,10 @@ func (h *Heap) mapIntoLocked(hole *block, rs uint64) (*block, error) {
 	} else {
 		h.removeHole(hole)
 	}
+	seg.noteMapped(hole.ptr, size, chained)
 	hole.state = stFree
 	hole.freed = 0 // fresh pages: no work has touched them
+	hole.cycles = 0
 	h.mu.blocks[hole.ptr] = hole
 	b := h.coalesce(hole)
 	b.seg.st.removeFree(b)

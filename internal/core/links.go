@@ -7,7 +7,7 @@ import "slices"
 // into the ptr map.
 func (h *Heap) splitAt(b *block, off uint64) *block {
 	r := h.newBlock()
-	r.ptr, r.size, r.seg, r.state, r.freed = b.ptr.Add(off), b.size-off, b.seg, b.state, b.freed
+	r.ptr, r.size, r.seg, r.state, r.freed, r.cycles = b.ptr.Add(off), b.size-off, b.seg, b.state, b.freed, b.cycles
 	if b.state == stAllocated || b.state == stPending {
 		r.state = stFree
 	}
@@ -97,6 +97,7 @@ func (h *Heap) addHole(b *block) *block {
 	}
 	if p := b.prev; p != nil && p.state == stUnmapped {
 		p.size += b.size
+		p.cycles = max(p.cycles, b.cycles)
 		h.unlink(b)
 		b = p
 	} else {
@@ -105,6 +106,7 @@ func (h *Heap) addHole(b *block) *block {
 	}
 	if n := b.next; n != nil && n.state == stUnmapped {
 		b.size += n.size
+		b.cycles = max(b.cycles, n.cycles)
 		h.removeHole(n)
 		h.unlink(n)
 	}

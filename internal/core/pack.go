@@ -1,6 +1,10 @@
 package core
 
-import "math"
+import (
+	"math"
+
+	"github.com/xseg-dev/xseg/vmm"
+)
 
 // Packing of blocks predicted long-lived (Config.PackLongLived).
 //
@@ -232,6 +236,12 @@ func (h *Heap) chainHoleLocked(b *block, rs uint64) *block {
 		if !p.isFreeIn() || uint64(p.ptr-seg.Base)%ps == 0 || p.prev == nil || p.prev.state != stAllocated {
 			continue
 		}
+		if h.cfg.SettleChains && hole.cycles >= chainCycles {
+			// The pages there went back and forth between chain
+			// growths and recycling chainCycles times: a loop moves
+			// them every turn. Place the block as if no hole were there.
+			continue
+		}
 		if p.size >= rs {
 			// p fits alone: packing passed over it, as rs bytes there
 			// would end inside a chunk of p's; growing would not help.
@@ -261,4 +271,61 @@ func (h *Heap) firstFitLocked(st *state, rs uint64) *block {
 		_, _, split := h.chunkToSplit(b, rs)
 		return !split
 	})
+}
+
+// chainCycles bounds, under Config.SettleChains, how often a chain
+// growth maps pages where recycling took a chain growth's pages away
+// before. A loop whose step needs those pages in two places, as a
+// chained block after its live neighbour and as part of a large block
+// elsewhere (GPT-2's logits), otherwise moves them there and back in
+// every step, forever: 30 pages a step of GPT-2 small's training
+// (bench/RESULTS.md round 46). After chainCycles such rounds on one page
+// the chain passes over the holes that hold it, and that part of the
+// layout stays. With three rounds the worst variant of every trace of
+// bench/traces stays within 0.0001 of where it is without the rule (one
+// round raised amp_checkpoint's from 1.0158 to 1.0182); a count per
+// page, never reset while the segment lives.
+const chainCycles = 3
+
+// noteMapped records that the pages of [lo, lo+size) are mapped, by a
+// chain growth if chained.
+func (s *Seg) noteMapped(lo vmm.DevicePtr, size uint64, chained bool) {
+	if !chained && len(s.chained) == 0 {
+		return
+	}
+	first := int(uint64(lo-s.Base) / s.PageSize)
+	for i := first; i < first+int(size/s.PageSize); i++ {
+		if chained {
+			if s.chained == nil {
+				s.chained = make(map[int]struct{})
+			}
+			s.chained[i] = struct{}{}
+		} else {
+			delete(s.chained, i)
+		}
+	}
+}
+
+// noteUnmapped records that the n bytes of pages at lo went, taken by a
+// growth if recycled, and returns the most cycles of any of them: a page
+// a chain growth mapped and recycling took completes a cycle.
+func (s *Seg) noteUnmapped(lo vmm.DevicePtr, n uint64, recycled bool) uint8 {
+	if len(s.chained) == 0 && len(s.cycles) == 0 {
+		return 0
+	}
+	var most uint8
+	first := int(uint64(lo-s.Base) / s.PageSize)
+	for i := first; i < first+int(n/s.PageSize); i++ {
+		if _, ok := s.chained[i]; ok {
+			delete(s.chained, i)
+			if recycled {
+				if s.cycles == nil {
+					s.cycles = make(map[int]uint8)
+				}
+				s.cycles[i] = min(s.cycles[i], 254) + 1
+			}
+		}
+		most = max(most, s.cycles[i])
+	}
+	return most
 }

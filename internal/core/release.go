@@ -291,7 +291,7 @@ func (h *Heap) unmapPassLocked(seg *Seg, budget uint64, keep keepOut, exact, ret
 			}
 			retire, r = false, false
 		}
-		n, next, err := h.unmapSpanLocked(b, lo, hi, r)
+		n, next, err := h.unmapSpanLocked(b, lo, hi, r, exact)
 		done += n
 		if err != nil {
 			return done, err
@@ -412,9 +412,10 @@ func (s *Seg) allocsOut(lo, hi vmm.DevicePtr) (vmm.DevicePtr, vmm.DevicePtr) {
 
 // unmapSpanLocked unmaps [lo, hi), whole pages inside free block b, or
 // with retire retires them (retire.go), and turns what went into a hole.
-// It returns the block after the hole, where a walk of the segment goes
-// on.
-func (h *Heap) unmapSpanLocked(b *block, lo, hi vmm.DevicePtr, retire bool) (uint64, *block, error) {
+// recycled says a growth takes the pages (a chain cycle, if a chain
+// growth mapped them: noteUnmappedLocked). It returns the block after
+// the hole, where a walk of the segment goes on.
+func (h *Heap) unmapSpanLocked(b *block, lo, hi vmm.DevicePtr, retire, recycled bool) (uint64, *block, error) {
 	seg := b.seg
 	seg.st.removeFree(b)
 	var n uint64
@@ -447,6 +448,7 @@ func (h *Heap) unmapSpanLocked(b *block, lo, hi vmm.DevicePtr, retire bool) (uin
 			t := h.splitAt(b, uint64(end-b.ptr))
 			seg.st.insertFree(t)
 		}
+		b.cycles = seg.noteUnmapped(lo, n, recycled)
 		next = h.addHole(b).next
 	}
 	if err != nil {
