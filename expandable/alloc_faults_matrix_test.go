@@ -193,7 +193,8 @@ func TestFaultMatrix(t *testing.T) {
 			func(a *Allocator) error { return allocFree(a, 60*mib) }),
 		recycleAcrossStreams(recycle),
 		packFaultScenario(&held),
-		packChainFaultScenario(&held),
+		packChainFaultScenario(&held, false),
+		packChainFaultScenario(&held, true),
 		// Config.SizeClasses: a growth of the [4, 8) pages class takes
 		// the free pages of the [16, 32) class (retired on the same
 		// stream; each map, access grant and retired unmap fails in

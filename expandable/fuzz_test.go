@@ -125,7 +125,7 @@ func drive(t testing.TB, a *Allocator, streams []vmm.Stream, ops []byte) *model 
 func fuzzPolicies() map[string]Config {
 	classes := DefaultConfig()
 	classes.SizeClasses = true
-	return map[string]Config{"classic": ClassicConfig(), "default": DefaultConfig(), "size_classes": classes, "steady": SteadyConfig()}
+	return map[string]Config{"classic": ClassicConfig(), "default": DefaultConfig(), "size_classes": classes, "steady": SteadyConfig(), "settle_chains": settleChainsConfig()}
 }
 
 // FuzzAllocator drives an allocator with the operations the input says,

@@ -14,6 +14,13 @@ import (
 // packConfig is the default configuration with Config.PackLongLived set
 // to pack and no chunks (a chunk a block would end inside is split, which
 // moves where the next block can go: chunks_test.go covers that).
+// settleChainsConfig is the default with Config.SettleChains.
+func settleChainsConfig() Config {
+	cfg := DefaultConfig()
+	cfg.SettleChains = true
+	return cfg
+}
+
 func packConfig(pack bool) Config {
 	cfg := DefaultConfig()
 	cfg.PackLongLived = pack
@@ -198,8 +205,12 @@ func TestPackLongLivedOutOfMemory(t *testing.T) {
 // blocks at once under PackLongLived, with chunks: under -race, and the
 // heap's invariants and the blocks' disjointness hold.
 func TestPackLongLivedConcurrent(t *testing.T) {
+	t.Run("default", func(t *testing.T) { packConcurrent(t, DefaultConfig()) })
+	t.Run("settle chains", func(t *testing.T) { packConcurrent(t, settleChainsConfig()) })
+}
+
+func packConcurrent(t *testing.T, cfg Config) {
 	d := vmmtest.HostDriver(t, 8<<30)
-	cfg := DefaultConfig()
 	cfg.OOMMaxRetries = 0
 	a := newAlloc(t, d, cfg)
 	var wg sync.WaitGroup
@@ -318,9 +329,15 @@ func TestPackLongLivedChainsThroughAHole(t *testing.T) {
 // packChainFaultScenario: the growth of TestPackLongLivedChainsThroughAHole
 // (an unmap of b's top pages, then a map into the hole) with each driver
 // call failing in turn (TestFaultMatrix runs it): the request fails
-// cleanly or is placed as any other.
-func packChainFaultScenario(held *[]vmm.DevicePtr) vmmtest.Scenario {
-	return allocScenario("pack-long-lived-chain", packConfig(true),
+// cleanly or is placed as any other. With settle, under
+// Config.SettleChains, whose books (the pages a chain mapped) must follow
+// only the map that succeeded (the invariant checker holds them).
+func packChainFaultScenario(held *[]vmm.DevicePtr, settle bool) vmmtest.Scenario {
+	cfg, name := packConfig(true), "pack-long-lived-chain"
+	if settle {
+		cfg.SettleChains, name = true, name+"-settle"
+	}
+	return allocScenario(name, cfg,
 		func(a *Allocator) error {
 			var err error
 			*held, _, err = chainLayout(a)

@@ -315,6 +315,7 @@ func TestStressMix(t *testing.T) {
 		{"default", DefaultConfig(), 0},
 		{"classic", ClassicConfig(), 0},
 		{"recycle chunks", chunksRecycleConfig(), 0},
+		{"settle chains", settleChainsConfig(), 0},
 		{"oom default", small(DefaultConfig()), 24 << 20},
 		{"oom classic", small(ClassicConfig()), 48 << 20},
 	} {

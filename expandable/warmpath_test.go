@@ -120,7 +120,7 @@ func TestWarmPathsMatch(t *testing.T) {
 	for _, p := range []struct {
 		name string
 		cfg  Config
-	}{{"default", DefaultConfig()}, {"classic", ClassicConfig()}, {"steady", SteadyConfig()}, {"classes", withClasses}} {
+	}{{"default", DefaultConfig()}, {"classic", ClassicConfig()}, {"steady", SteadyConfig()}, {"classes", withClasses}, {"settle", settleChainsConfig()}} {
 		for seed := range uint64(3) {
 			t.Run(fmt.Sprintf("%s/seed%d", p.name, seed), func(t *testing.T) {
 				warmPathsMatch(t, p.cfg, seed)
