@@ -1,13 +1,9 @@
 package trace_test
 
 import (
-	"bufio"
-	"compress/gzip"
+	"bytes"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -16,99 +12,92 @@ import (
 	"github.com/xseg-dev/xseg/bench/trace"
 )
 
-// loopOf makes a long training loop of a recorded one: the lines of the
-// trace at path before line first, then lines [first, end) (one whole
-// step) steps times. Each copy's blocks get ids of their own; a free in
-// the step of a block allocated before it (the previous step's, freed in
-// this one) frees, in every copy after the first, the block the copy
-// before allocated and did not free, matched in allocation order: the
-// step must carry over as many blocks of the same sizes as it takes in.
+// loopOf makes a long training loop of a recorded one: the events of the
+// trace at path before line first, then those of lines [first, end) (one
+// whole step) steps times. Each copy's blocks get ids of their own; a
+// free in the step of a block allocated before it (the previous step's,
+// freed in this one) frees, in every copy after the first, the block the
+// copy before allocated and did not free, matched in allocation order:
+// the step must carry over as many blocks of the same sizes as it takes
+// in.
 func loopOf(t *testing.T, path string, first, end, steps int) *trace.Trace {
 	t.Helper()
-	f, err := os.Open(path)
+	tr, err := trace.ReadFile(path)
 	require.NoError(t, err)
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	require.NoError(t, err)
-	var lines [][]string
-	sc := bufio.NewScanner(zr)
-	for sc.Scan() {
-		lines = append(lines, strings.Fields(sc.Text()))
-	}
-	require.NoError(t, sc.Err())
-	require.Less(t, end, len(lines)+2)
-	pre, step := lines[:first-1], lines[first-1:end-1]
-
-	size := map[string]string{}
-	maxID := 0
-	for _, l := range lines {
-		if l[0] == "a" {
-			size[l[1]] = l[2]
-			id, err := strconv.Atoi(l[1])
-			require.NoError(t, err)
-			maxID = max(maxID, id)
+	require.Less(t, end, len(tr.Events)+2)
+	var pre, step []trace.Event
+	for _, e := range tr.Events {
+		switch {
+		case int(e.Line) < first:
+			pre = append(pre, e)
+		case int(e.Line) < end:
+			step = append(step, e)
 		}
 	}
-	inStep, freedInStep := map[string]bool{}, map[string]bool{}
-	var order []string
-	for _, l := range step {
-		if l[0] == "a" {
-			inStep[l[1]] = true
-			order = append(order, l[1])
-		} else {
-			freedInStep[l[1]] = true
+	size := make([]uint64, tr.Slots)
+	for _, e := range tr.Events {
+		if e.Op == trace.OpAlloc {
+			size[e.Slot] = e.Size
 		}
 	}
-	var in, out []string // blocks the step frees from before it, and leaves live
-	for _, l := range pre {
-		if l[0] == "a" && freedInStep[l[1]] {
-			in = append(in, l[1])
+	// in: the blocks the step frees from before it; out: those it
+	// leaves live. Slots number blocks in allocation order.
+	bornIn, freedIn := map[uint32]bool{}, map[uint32]bool{}
+	var in, out []uint32
+	for _, e := range step {
+		if e.Op == trace.OpAlloc {
+			bornIn[e.Slot] = true
+		} else if freedIn[e.Slot] = true; !bornIn[e.Slot] {
+			in = append(in, e.Slot)
 		}
 	}
-	for _, id := range order {
-		if !freedInStep[id] {
-			out = append(out, id)
+	for _, e := range step {
+		if e.Op == trace.OpAlloc && !freedIn[e.Slot] {
+			out = append(out, e.Slot)
 		}
 	}
-	sizesOf := func(ids []string) []string {
-		s := make([]string, len(ids))
-		for i, id := range ids {
-			s[i] = size[id]
+	slices.Sort(in)
+	sizesOf := func(slots []uint32) []uint64 {
+		s := make([]uint64, len(slots))
+		for i, slot := range slots {
+			s[i] = size[slot]
 		}
 		return s
 	}
-	require.True(t, slices.Equal(sizesOf(in), sizesOf(out)), "lines %d to %d are not a step that repeats", first, end)
+	require.Equal(t, sizesOf(in), sizesOf(out), "lines %d to %d are not a step that repeats", first, end)
 
-	var b strings.Builder
-	for _, l := range pre {
-		b.WriteString(strings.Join(l, " ") + "\n")
+	loop := &trace.Trace{Name: fmt.Sprintf("%s, step of lines %d-%d x %d", path, first, end, steps),
+		Streams: tr.Streams, IDs: slices.Clone(tr.IDs), Events: pre}
+	nextID := slices.Max(tr.IDs) + 1
+	carried := map[uint32]uint32{} // a block the step frees from before it -> the slot live now
+	for _, slot := range in {
+		carried[slot] = slot
 	}
-	carried := map[string]string{} // a block freed from before the step -> the id live now
-	for _, id := range in {
-		carried[id] = id
-	}
-	for k := 1; k <= steps; k++ {
-		rename := func(id string) string {
-			n, _ := strconv.Atoi(id)
-			return strconv.Itoa(n + k*(maxID+1))
-		}
-		for _, l := range step {
-			switch {
-			case l[0] == "a":
-				fmt.Fprintf(&b, "a %s %s %s\n", rename(l[1]), l[2], l[3])
-			case inStep[l[1]]:
-				fmt.Fprintf(&b, "f %s\n", rename(l[1]))
+	for range steps {
+		copyOf := map[uint32]uint32{}
+		for _, e := range step {
+			switch slot, ok := copyOf[e.Slot]; {
+			case e.Op == trace.OpAlloc:
+				copyOf[e.Slot] = uint32(len(loop.IDs))
+				e.Slot = uint32(len(loop.IDs))
+				loop.IDs = append(loop.IDs, nextID)
+				nextID++
+			case ok:
+				e.Slot = slot
 			default:
-				fmt.Fprintf(&b, "f %s\n", carried[l[1]])
+				e.Slot = carried[e.Slot]
 			}
+			loop.Events = append(loop.Events, e)
 		}
-		for i, id := range in {
-			carried[id] = rename(out[i])
+		for i, slot := range in {
+			carried[slot] = copyOf[out[i]]
 		}
 	}
-	tr, err := trace.Parse(fmt.Sprintf("%s, step of lines %d-%d x %d", path, first, end, steps), strings.NewReader(b.String()))
+	var b bytes.Buffer
+	require.NoError(t, loop.Write(&b))
+	lt, err := trace.Parse(loop.Name, &b)
 	require.NoError(t, err)
-	return tr
+	return lt
 }
 
 // TestRecordedLoopSettles replays GPT-2 small's training (bench/traces'
