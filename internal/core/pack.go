@@ -217,6 +217,12 @@ func packMix(x uint64) uint64 {
 // down (unmapPassLocked), so pages move rather than add to the range.
 // generate_large's worst variant went from 1.0096 to 1.0058 with 12 %
 // fewer maps (bench/RESULTS.md round 43).
+//
+// A hole where mapping would wait for the stream (retiredBusyLocked:
+// pages retired from there after the last mark the GPU has passed) is
+// passed over: a chain is a preference, and GPT-2's training loop lost
+// the CPU's lead over the GPU once a step to it (bench/trace's
+// TestRecordedLoopWaitFree). Where the GPU keeps up, nothing changes.
 func (h *Heap) chainHoleLocked(b *block, rs uint64) *block {
 	if b == nil || h.holder == nil {
 		return nil
@@ -247,9 +253,16 @@ func (h *Heap) chainHoleLocked(b *block, rs uint64) *block {
 			// would end inside a chunk of p's; growing would not help.
 			continue
 		}
-		if fitsHole(hole, rs) {
-			return hole
+		if !fitsHole(hole, rs) {
+			continue
 		}
+		if _, size := h.growSpan(hole, rs); h.retiredBusyLocked(seg, hole.ptr, hole.ptr.Add(size)) {
+			// Pages retired from there may still be touched by work
+			// queued before their free: mapping there would wait for
+			// the stream. A chain is a preference, not worth a stall.
+			continue
+		}
+		return hole
 	}
 	return nil
 }

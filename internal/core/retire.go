@@ -25,7 +25,8 @@ import (
 // books the old range as a hole, as any unmap does, and remembers it as a
 // retired run. It unmaps the run once the stream's mark has passed the
 // free (marks.go): on a later slow path, without waiting; before a growth
-// maps into it, waiting for the stream if the mark has not passed; and
+// maps into it, waiting for the stream if the mark has not passed (a
+// chain growth, pack.go, goes elsewhere rather than wait); and
 // before EmptyCache, Close or a capture. Which pages go where is exactly
 // as without retiring: only the waits move.
 //
@@ -179,4 +180,34 @@ func (h *Heap) settleAllRetiredLocked(synced bool) error {
 		errs = append(errs, h.settleRetiredLocked(seg, seg.Base, seg.End(), mode))
 	}
 	return errors.Join(errs...)
+}
+
+// retiredBusyLocked reports whether mapping [lo, hi) of seg would wait:
+// a retired run there was freed after the last mark of seg's stream the
+// driver has seen complete. It asks the driver at most twice: the mark
+// in flight, then the one that recorded (done at once on an idle stream,
+// so that only a stream still running work queued before the free makes
+// the range busy). During a capture nothing is asked.
+func (h *Heap) retiredBusyLocked(seg *Seg, lo, hi vmm.DevicePtr) bool {
+	if len(seg.retired) == 0 {
+		return false
+	}
+	var need uint64
+	found := false
+	for _, r := range seg.retired {
+		if r.hi > lo && r.lo < hi {
+			need, found = max(need, r.freed), true
+		}
+	}
+	if !found {
+		return false
+	}
+	m := h.markLocked(seg.Stream)
+	for range 2 {
+		if need < m.idle || h.capturingLocked() {
+			break
+		}
+		h.refreshMarkLocked(seg.Stream, m)
+	}
+	return need >= m.idle
 }

@@ -25,31 +25,8 @@ import subprocess
 import sys
 import time
 
-cu = C.CDLL("libcuda.so.1")
-MiB = 1 << 20
-
-
-class Loc(C.Structure):
-    _fields_ = [("type", C.c_int), ("id", C.c_int)]
-
-
-class Flags(C.Structure):
-    _fields_ = [("compressionType", C.c_ubyte), ("gpuDirectRDMACapable", C.c_ubyte),
-                ("usage", C.c_ushort), ("reserved", C.c_ubyte * 4)]
-
-
-class Prop(C.Structure):
-    _fields_ = [("type", C.c_int), ("requestedHandleTypes", C.c_int), ("location", Loc),
-                ("win32HandleMetaData", C.c_void_p), ("allocFlags", Flags)]
-
-
-class Access(C.Structure):
-    _fields_ = [("location", Loc), ("flags", C.c_int)]
-
-
-def ck(r, what):
-    if r != 0:
-        raise RuntimeError(f"{what}: CUDA error {r}")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cu_vmm import MiB, Access, Flags, Loc, Prop, ck, cu  # noqa: E402
 
 
 CTX = C.c_void_p()

@@ -75,6 +75,7 @@ else:
     peak_reserved, peak_allocated = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
     st = torch.cuda.memory_stats()
     extra = {k: st.get(k) for k in ("num_alloc_retries", "num_ooms")}
+extra["num_allocs"] = st.get("allocation.all.allocated")
 median = statistics.median(rates[2:]) if len(rates) > 2 else statistics.median(rates)
 print("RESULT " + json.dumps({"mode": args.mode, "losses": losses, "tokens_per_s": rates,
                               "median_tokens_per_s": median, "peak_reserved": peak_reserved,
