@@ -79,7 +79,7 @@ func (d *lagDriver) DeviceSynchronize(dev vmm.Device) error {
 
 // lagAllocator moves its driver's clock at every allocation and free.
 type lagAllocator struct {
-	a xseg.Allocator
+	a trace.Allocator
 	d *lagDriver
 }
 
@@ -120,7 +120,7 @@ func replayLagging(t *testing.T, d *lagDriver, tr *trace.Trace) trace.Result {
 // same (the host's, every trace of bench/traces and bench/holdout and
 // their variants). Perturbed loops (seeds 1 to 8) still wait where a
 // plain growth needs such pages, less often than before (at lag 1,000,
-// 23 waits over the 8 x 12 steps, 64 before).
+// 23 waits over the 8 x 12 steps, 52 before).
 func TestRecordedLoopWaitFree(t *testing.T) {
 	const path, first, end = tracesDir + "/gpt2_train.trace.gz", 4570, 6706 // step 3
 	short, long := loopOf(t, path, first, end, 4), loopOf(t, path, first, end, 16)
