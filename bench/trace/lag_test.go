@@ -25,8 +25,8 @@ type lagDriver struct {
 	clk, synced    int64 // events replayed; every event recorded before synced is done
 	rec            map[vmm.Event]int64
 	waits          int
-	failQueries    int // every failQueries-th EventQuery fails, if > 0
-	queries        int
+	failEvery      int // every failEvery-th EventCreate, EventRecord and EventQuery fails, if > 0
+	calls          int
 }
 
 func newLagDriver(t *testing.T, lag, pre, step int64) *lagDriver {
@@ -40,7 +40,25 @@ func (d *lagDriver) tick() {
 	}
 }
 
+// fail reports an injected failure of the driver's next event call.
+func (d *lagDriver) fail(op string) error {
+	if d.calls++; d.failEvery > 0 && d.calls%d.failEvery == 0 {
+		return fmt.Errorf("lagDriver: %s (event call %d) fails", op, d.calls)
+	}
+	return nil
+}
+
+func (d *lagDriver) EventCreate(dev vmm.Device) (vmm.Event, error) {
+	if err := d.fail("EventCreate"); err != nil {
+		return 0, err
+	}
+	return d.Driver.EventCreate(dev)
+}
+
 func (d *lagDriver) EventRecord(e vmm.Event, s vmm.Stream) error {
+	if err := d.fail("EventRecord"); err != nil {
+		return err
+	}
 	if err := d.Driver.EventRecord(e, s); err != nil {
 		return err
 	}
@@ -52,8 +70,8 @@ func (d *lagDriver) EventQuery(e vmm.Event) (bool, error) {
 	if _, err := d.Driver.EventQuery(e); err != nil {
 		return false, err
 	}
-	if d.queries++; d.failQueries > 0 && d.queries%d.failQueries == 0 {
-		return false, fmt.Errorf("lagDriver: query %d fails", d.queries)
+	if err := d.fail("EventQuery"); err != nil {
+		return false, err
 	}
 	r := d.rec[e]
 	return r+d.lag <= d.clk || r <= d.synced, nil
@@ -144,16 +162,17 @@ func TestRecordedLoopWaitFree(t *testing.T) {
 		}
 		require.LessOrEqual(t, total, int64(40), "lag %d: waits in the perturbed loops' steady steps", lag)
 	}
-	// A driver whose queries fail now and then: the allocator cannot
-	// tell whether retired pages are idle, so it waits or goes elsewhere;
-	// the loop completes with every page given back.
-	for _, every := range []int{1, 3} {
+	// A driver whose event calls (create, record, query) fail now and
+	// then: the allocator cannot tell whether retired pages are idle, so
+	// it waits or goes elsewhere; the loop completes with every page and
+	// event given back.
+	for _, every := range []int{1, 2, 3, 7} {
 		d := newLagDriver(t, 400, first-1, end-first)
-		d.failQueries = every
+		d.failEvery = every
 		before := d.Usage()
 		rl := replayLagging(t, d, long)
-		require.Equal(t, before, d.Usage(), "queries failing every %d: the driver holds more after the replay", every)
-		require.LessOrEqual(t, rl.Ratio, calm.Ratio+0.002, "queries failing every %d", every)
-		t.Logf("queries failing every %d: ratio %.5f, %d waits", every, rl.Ratio, rl.Syncs)
+		require.Equal(t, before, d.Usage(), "event calls failing every %d: the driver holds more after the replay", every)
+		require.LessOrEqual(t, rl.Ratio, calm.Ratio+0.002, "event calls failing every %d", every)
+		t.Logf("event calls failing every %d: ratio %.5f, %d waits", every, rl.Ratio, rl.Syncs)
 	}
 }
