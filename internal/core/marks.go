@@ -97,11 +97,13 @@ func (h *Heap) refreshMarkLocked(s vmm.Stream, m *streamMark) {
 		m.ev = ev
 	}
 	if err := h.drv.EventRecord(m.ev, s); err != nil {
-		// A stream destroyed, or a driver failure: no mark; the next
-		// unmap waits for the stream as it would without marks.
+		// A stream destroyed, or a driver failure: no mark in flight;
+		// the next unmap waits for the stream as it would without
+		// marks. m stays in h.mu.marks (what it knows to be idle still
+		// is): a caller holding it may refresh it again, and an event
+		// it then records must be found by dropMarksLocked.
 		h.mu.events = append(h.mu.events, m.ev)
 		m.ev = 0
-		delete(h.mu.marks, s)
 		return
 	}
 	m.seq, m.inFlight = h.mu.freeSeq+1, true

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/xseg-dev/xseg/vmm"
 )
@@ -184,10 +185,13 @@ func (h *Heap) settleAllRetiredLocked(synced bool) error {
 
 // retiredBusyLocked reports whether mapping [lo, hi) of seg would wait:
 // a retired run there was freed after the last mark of seg's stream the
-// driver has seen complete. It asks the driver at most twice: the mark
-// in flight, then the one that recorded (done at once on an idle stream,
-// so that only a stream still running work queued before the free makes
-// the range busy). During a capture nothing is asked.
+// driver has seen complete. It asks about the mark in flight, records a
+// fresh one if that one is not done, and asks about the fresh one for up
+// to idlePoll: an event recorded on an idle stream completes within
+// microseconds on a GPU (at once on the host backend), so that only a
+// stream still running work queued before the free makes the range busy
+// and an idle GPU places blocks as the host does. During a capture
+// nothing is asked.
 func (h *Heap) retiredBusyLocked(seg *Seg, lo, hi vmm.DevicePtr) bool {
 	if len(seg.retired) == 0 {
 		return false
@@ -205,9 +209,25 @@ func (h *Heap) retiredBusyLocked(seg *Seg, lo, hi vmm.DevicePtr) bool {
 	m := h.markLocked(seg.Stream)
 	for range 2 {
 		if need < m.idle || h.capturingLocked() {
-			break
+			return need >= m.idle
 		}
 		h.refreshMarkLocked(seg.Stream, m)
 	}
+	for t0 := time.Now(); need >= m.idle && m.inFlight && m.seq > need && time.Since(t0) < idlePoll; {
+		done, err := h.drv.EventQuery(m.ev)
+		if err != nil {
+			break
+		}
+		if done {
+			m.inFlight = false
+			m.idle = max(m.idle, m.seq)
+		}
+	}
 	return need >= m.idle
 }
+
+// idlePoll is how long retiredBusyLocked waits for a mark it just
+// recorded to complete: enough for an idle GPU to pass it, nothing beside
+// the wait for a busy stream it spares (a GPU-bound loop's CPU is
+// milliseconds ahead).
+const idlePoll = 50 * time.Microsecond
