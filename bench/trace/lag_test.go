@@ -176,3 +176,40 @@ func TestRecordedLoopWaitFree(t *testing.T) {
 		t.Logf("event calls failing every %d: ratio %.5f, %d waits", every, rl.Ratio, rl.Syncs)
 	}
 }
+
+// slowEvents is the host backend with events that, like a GPU's on an
+// idle stream, complete a moment after they are recorded rather than at
+// once: each reports done only from its third query on.
+type slowEvents struct {
+	vmm.Driver
+	asked map[vmm.Event]int
+}
+
+func (d *slowEvents) EventRecord(e vmm.Event, s vmm.Stream) error {
+	d.asked[e] = 0
+	return d.Driver.EventRecord(e, s)
+}
+
+func (d *slowEvents) EventQuery(e vmm.Event) (bool, error) {
+	done, err := d.Driver.EventQuery(e)
+	d.asked[e]++
+	return done && d.asked[e] >= 3, err
+}
+
+// TestIdleGPUPlacesAsHost: on a GPU that keeps up, an event recorded just
+// now is done a moment later, not at once. A chain growth's question
+// whether a hole is busy (retiredBusyLocked) polls its fresh mark, so
+// GPT-2's trace and its recorded loop place every block as on the host:
+// the same maps, unmaps and ratio.
+func TestIdleGPUPlacesAsHost(t *testing.T) {
+	const path, first, end = tracesDir + "/gpt2_train.trace.gz", 4570, 6706
+	tr, err := trace.ReadFile(path)
+	require.NoError(t, err)
+	for _, x := range []*trace.Trace{tr, loopOf(t, path, first, end, 8)} {
+		host := replayWith(t, hostDriver(t), x, xseg.DefaultConfig())
+		slow := replayWith(t, &slowEvents{Driver: hostDriver(t), asked: map[vmm.Event]int{}}, x, xseg.DefaultConfig())
+		require.Equal(t, host.Ratio, slow.Ratio, "%s", x.Name)
+		require.Equal(t, host.Maps, slow.Maps, "%s", x.Name)
+		require.Equal(t, host.Unmaps, slow.Unmaps, "%s", x.Name)
+	}
+}

@@ -213,7 +213,8 @@ func (h *Heap) retiredBusyLocked(seg *Seg, lo, hi vmm.DevicePtr) bool {
 		}
 		h.refreshMarkLocked(seg.Stream, m)
 	}
-	for t0 := time.Now(); need >= m.idle && m.inFlight && m.seq > need && time.Since(t0) < idlePoll; {
+	t0 := time.Now()
+	for tries := 0; need >= m.idle && m.inFlight && m.seq > need && (tries < idleTries || time.Since(t0) < idlePoll); tries++ {
 		done, err := h.drv.EventQuery(m.ev)
 		if err != nil {
 			break
@@ -231,3 +232,8 @@ func (h *Heap) retiredBusyLocked(seg *Seg, lo, hi vmm.DevicePtr) bool {
 // the wait for a busy stream it spares (a GPU-bound loop's CPU is
 // milliseconds ahead).
 const idlePoll = 50 * time.Microsecond
+
+// idleTries is how many times retiredBusyLocked asks about its fresh mark
+// at least, however long the asking takes (a thread descheduled between
+// two questions would otherwise ask once).
+const idleTries = 4
