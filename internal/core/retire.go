@@ -185,9 +185,11 @@ func (h *Heap) settleAllRetiredLocked(synced bool) error {
 
 // retiredBusyLocked reports whether mapping [lo, hi) of seg would wait:
 // a retired run there was freed after the last mark of seg's stream the
-// driver has seen complete. It asks about the mark in flight, records a
-// fresh one if that one is not done, and asks about the fresh one for up
-// to idlePoll: an event recorded on an idle stream completes within
+// driver has seen complete. It refreshes the mark twice (the one in
+// flight asked about and, once done, a fresh one recorded), then asks
+// about the mark in flight, if recorded after the free, for up to
+// idlePoll and at least idleTries times: an event recorded on an idle
+// stream completes within
 // microseconds on a GPU (at once on the host backend), so that only a
 // stream still running work queued before the free makes the range busy
 // and an idle GPU places blocks as the host does. During a capture
