@@ -213,12 +213,19 @@ func replay(t *testing.T, d vmm.Driver, tr *trace.Trace) trace.Result {
 // replayWith is replay with configuration cfg.
 func replayWith(t *testing.T, d vmm.Driver, tr *trace.Trace, cfg xseg.Config) trace.Result {
 	t.Helper()
+	return replayThrough(t, d, tr, cfg, func(a trace.Allocator) trace.Allocator { return a })
+}
+
+// replayThrough is replayWith with the allocator seen by the replay
+// wrapped by wrap.
+func replayThrough(t *testing.T, d vmm.Driver, tr *trace.Trace, cfg xseg.Config, wrap func(trace.Allocator) trace.Allocator) trace.Result {
+	t.Helper()
 	before := d.Usage()
 	a, err := xseg.Open(xseg.Options{Driver: d, Allocator: xseg.AllocatorExpandable, Config: &cfg})
 	require.NoError(t, err)
 	streams, destroy, err := trace.OpenStreams(d, 0, tr)
 	require.NoError(t, err)
-	res, err := trace.Replay(tr, a, trace.Options{Streams: streams})
+	res, err := trace.Replay(tr, wrap(a), trace.Options{Streams: streams})
 	require.NoError(t, errors.Join(err, a.Close(), destroy()))
 	require.Zero(t, res.FailedAllocs, "%v", res.FirstFailure)
 	require.Equal(t, before, d.Usage(), "%s: the driver holds more after the replay", tr.Name)

@@ -1,7 +1,6 @@
 package trace_test
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 
@@ -113,18 +112,11 @@ func (l lagAllocator) Free(p vmm.DevicePtr) error {
 
 func (l lagAllocator) Stats() spec.Stats { return l.a.Stats() }
 
-// replayLagging replays tr with the default configuration on d.
+// replayLagging replays tr with the default configuration on d, the
+// clock moving at every allocation and free.
 func replayLagging(t *testing.T, d *lagDriver, tr *trace.Trace) trace.Result {
 	t.Helper()
-	cfg := xseg.DefaultConfig()
-	a, err := xseg.Open(xseg.Options{Driver: d, Allocator: xseg.AllocatorExpandable, Config: &cfg})
-	require.NoError(t, err)
-	streams, destroy, err := trace.OpenStreams(d, 0, tr)
-	require.NoError(t, err)
-	res, err := trace.Replay(tr, lagAllocator{a, d}, trace.Options{Streams: streams})
-	require.NoError(t, errors.Join(err, a.Close(), destroy()))
-	require.Zero(t, res.FailedAllocs, "%v", res.FirstFailure)
-	return res
+	return replayThrough(t, d, tr, xseg.DefaultConfig(), func(a trace.Allocator) trace.Allocator { return lagAllocator{a, d} })
 }
 
 // TestRecordedLoopWaitFree replays GPT-2 small's training loop (its third

@@ -75,19 +75,27 @@ func (h *Heap) markLocked(s vmm.Stream) *streamMark {
 	return m
 }
 
+// markPassedLocked asks the driver whether m's mark in flight has
+// completed and, if so, takes its sequence number as idle. A failed
+// question is a no.
+func (h *Heap) markPassedLocked(m *streamMark) bool {
+	done, err := h.drv.EventQuery(m.ev)
+	if err != nil || !done {
+		return false
+	}
+	m.inFlight = false
+	m.idle = max(m.idle, m.seq)
+	return true
+}
+
 // refreshMarkLocked takes the completed mark's sequence number as idle and
 // records a new mark. Nothing is queried or recorded during a capture.
 func (h *Heap) refreshMarkLocked(s vmm.Stream, m *streamMark) {
 	if h.capturingLocked() {
 		return
 	}
-	if m.inFlight {
-		done, err := h.drv.EventQuery(m.ev)
-		if err != nil || !done {
-			return
-		}
-		m.inFlight = false
-		m.idle = max(m.idle, m.seq)
+	if m.inFlight && !h.markPassedLocked(m) {
+		return
 	}
 	if m.ev == 0 {
 		ev, err := h.eventLocked()

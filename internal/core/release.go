@@ -413,7 +413,7 @@ func (s *Seg) allocsOut(lo, hi vmm.DevicePtr) (vmm.DevicePtr, vmm.DevicePtr) {
 // unmapSpanLocked unmaps [lo, hi), whole pages inside free block b, or
 // with retire retires them (retire.go), and turns what went into a hole.
 // recycled says a growth takes the pages (a chain cycle, if a chain
-// growth mapped them: noteUnmappedLocked). It returns the block after
+// growth mapped them: Seg.noteUnmapped). It returns the block after
 // the hole, where a walk of the segment goes on.
 func (h *Heap) unmapSpanLocked(b *block, lo, hi vmm.DevicePtr, retire, recycled bool) (uint64, *block, error) {
 	seg := b.seg

@@ -217,14 +217,7 @@ func (h *Heap) retiredBusyLocked(seg *Seg, lo, hi vmm.DevicePtr) bool {
 	}
 	t0 := time.Now()
 	for tries := 0; need >= m.idle && m.inFlight && m.seq > need && (tries < idleTries || time.Since(t0) < idlePoll); tries++ {
-		done, err := h.drv.EventQuery(m.ev)
-		if err != nil {
-			break
-		}
-		if done {
-			m.inFlight = false
-			m.idle = max(m.idle, m.seq)
-		}
+		h.markPassedLocked(m)
 	}
 	return need >= m.idle
 }

@@ -1,7 +1,7 @@
-"""The CUDA driver's VMM calls through ctypes, for the GPU probes that call
-them directly (ipc_probe.py, churn_probe.py): libcuda, the layouts of
-CUmemAllocationProp and CUmemAccessDesc, and a check of each call's result.
-No CUDA headers needed."""
+"""The CUDA driver's VMM calls through ctypes, for the GPU scripts that
+call them directly (ipc_probe.py, churn_probe.py, pause_bench.py): libcuda,
+the layouts of CUmemAllocationProp and CUmemAccessDesc, and a check of each
+call's result. No CUDA headers needed."""
 import ctypes as C
 
 cu = C.CDLL("libcuda.so.1")

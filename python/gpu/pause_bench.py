@@ -66,24 +66,6 @@ def rss():
 
 # --- the one-reservation-per-allocation baseline, on libcuda with ctypes ---
 
-class CUmemLocation(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class CUmemAllocFlags(ctypes.Structure):
-    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
-
-
-class CUmemAllocationProp(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", CUmemLocation),
-                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", CUmemAllocFlags)]
-
-
-class CUmemAccessDesc(ctypes.Structure):
-    _fields_ = [("location", CUmemLocation), ("flags", ctypes.c_int)]
-
-
 CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 1, 1, 3
 
 
@@ -93,13 +75,15 @@ class VMM:
     no shareable handle, access for the owning device only."""
 
     def __init__(self, device):
-        self.cu = ctypes.CDLL("libcuda.so.1")
+        # cu_vmm (beside this file) loads libcuda: only this baseline needs it.
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from cu_vmm import Access, Loc, Prop, cu
+        self.cu = cu
         self.dev = device
-        self.prop = CUmemAllocationProp()
+        self.prop = Prop()
         self.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
-        self.prop.location = CUmemLocation(CU_MEM_LOCATION_TYPE_DEVICE, device)
-        self.access = CUmemAccessDesc(CUmemLocation(CU_MEM_LOCATION_TYPE_DEVICE, device),
-                                      CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        self.prop.location = Loc(CU_MEM_LOCATION_TYPE_DEVICE, device)
+        self.access = Access(Loc(CU_MEM_LOCATION_TYPE_DEVICE, device), CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
         g = ctypes.c_size_t()
         self.check(self.cu.cuMemGetAllocationGranularity(ctypes.byref(g), ctypes.byref(self.prop), 0),
                    "cuMemGetAllocationGranularity")
