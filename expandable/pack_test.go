@@ -14,18 +14,18 @@ import (
 // packConfig is the default configuration with Config.PackLongLived set
 // to pack and no chunks (a chunk a block would end inside is split, which
 // moves where the next block can go: chunks_test.go covers that).
-// settleChainsConfig is the default with Config.SettleChains.
-func settleChainsConfig() Config {
-	cfg := DefaultConfig()
-	cfg.SettleChains = true
-	return cfg
-}
-
 func packConfig(pack bool) Config {
 	cfg := DefaultConfig()
 	cfg.PackLongLived = pack
 	cfg.ChunkBytes = 0
 	cfg.OOMMaxRetries = 0
+	return cfg
+}
+
+// settleChainsConfig is the default with Config.SettleChains.
+func settleChainsConfig() Config {
+	cfg := DefaultConfig()
+	cfg.SettleChains = true
 	return cfg
 }
 

@@ -46,10 +46,11 @@ type Allocator struct {
 //
 //   - RecyclePages, SizeClasses, PackLongLived, SettleChains, ChunkBytes
 //     and ChunkMinBytes (XSEG_CONF's recycle_pages, size_classes,
-//     pack_long_lived, settle_chains, chunk_mb, chunk_min_mb) do not apply: they move or
-//     share pages of address ranges mapped on demand, which plain
-//     allocations are not. They are ignored, turned off whatever they say,
-//     so that one configuration serves devices with and without VMM.
+//     pack_long_lived, settle_chains, chunk_mb, chunk_min_mb) do not
+//     apply: they move or share pages of address ranges mapped on demand,
+//     which plain allocations are not. They are ignored, turned off
+//     whatever they say, so that one configuration serves devices with
+//     and without VMM.
 //   - SmallPageSize, LargePageSize and SmallLimit (small_page_mb,
 //     large_page_mb, small_limit_kb) are used as given, except for the two
 //     values of xseg.DefaultConfig that differ from ClassicConfig's: a
