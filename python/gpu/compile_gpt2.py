@@ -13,7 +13,6 @@ a mismatch.
 """
 import copy
 import os
-import statistics
 import sys
 
 which, mode = sys.argv[1], sys.argv[2]
@@ -22,6 +21,7 @@ if which == "xseg":
     import xseg_torch
     xseg_torch.install()
 import torch
+from torch_setup import median_ms
 from transformers import GPT2Config, GPT2LMHeadModel
 
 torch.manual_seed(0)
@@ -34,18 +34,6 @@ def peak_reserved():
     if which == "xseg":
         return xseg_torch.max_memory_reserved()
     return torch.cuda.max_memory_reserved()
-
-
-def timed(fn, n):
-    times = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 if mode == "infer":
@@ -61,7 +49,7 @@ if mode == "infer":
         def step():
             torch.compiler.cudagraph_mark_step_begin()
             cm(ids)
-        med = timed(step, int(os.environ.get("STEPS", "50")))
+        med = median_ms(torch, step, int(os.environ.get("STEPS", "50")))
     diff = max(float((o - ref).abs().max()) for o in outs)
     ok = diff < 1e-2 * max(1.0, float(ref.abs().max()))
 elif mode == "tree":
@@ -86,7 +74,7 @@ elif mode == "tree":
             torch.compiler.cudagraph_mark_step_begin()
             cm(inputs["a"])
             cm(inputs["c"])
-        med = timed(step, 30)
+        med = median_ms(torch, step, 30)
     ok = diff < 1e-2 * max(1.0, float(refs["a"].abs().max()))
 else:
     eager = copy.deepcopy(model)
@@ -108,7 +96,7 @@ else:
     for _ in range(12):
         losses.append(float(train_step(cm, opt)))
         elosses.append(float(train_step(eager, eopt)))
-    med = timed(lambda: train_step(cm, opt), 20)
+    med = median_ms(torch, lambda: train_step(cm, opt), 20)
     diff = max(abs(a - b) / abs(b) for a, b in zip(losses, elosses))
     ok = diff < 1e-3 and losses[-1] < losses[0]
     print(f"losses compiled {losses[0]:.4f} -> {losses[-1]:.4f}, eager {elosses[0]:.4f} -> {elosses[-1]:.4f}")

@@ -23,19 +23,15 @@ Prints one line "RESULT {json}"."""
 import argparse
 import json
 import os
-import statistics
-import sys
+
+from torch_setup import choose_allocator, median_ms
 
 ap = argparse.ArgumentParser()
 ap.add_argument("mode", choices=["native", "expandable", "xseg"])
 ap.add_argument("--reps", type=int, default=30)
 args = ap.parse_args()
 
-if args.mode == "expandable":
-    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-else:
-    os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+choose_allocator(args.mode)
 import torch  # noqa: E402
 
 if args.mode == "xseg":
@@ -75,15 +71,7 @@ res = {}
 for name, k in kernels.items():
     for _ in range(3):
         k()
-    times = []
-    for _ in range(args.reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        k()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    res[name] = statistics.median(times)
+    res[name] = median_ms(torch, k, args.reps)
 out = {"mode": args.mode, "conf": os.environ.get("XSEG_CONF", ""), "ms": res}
 if args.mode == "xseg":
     st = xseg.stats()

@@ -11,10 +11,10 @@ first 4 steps, the ms the allocator spent in page work and in waits, and
 the pages it created, mapped and its waits. compare_gpt2.py runs all three modes."""
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
+
+from torch_setup import choose_allocator
 
 ap = argparse.ArgumentParser()
 ap.add_argument("mode", choices=["native", "expandable", "xseg"])
@@ -22,12 +22,7 @@ ap.add_argument("--steps", type=int, default=10)
 ap.add_argument("--lib", default=None)
 args = ap.parse_args()
 
-# The allocator is chosen before torch is imported.
-if args.mode == "expandable":
-    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-else:
-    os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+choose_allocator(args.mode)  # before torch is imported
 import torch  # noqa: E402
 if args.mode == "xseg":
     import xseg_torch  # noqa: E402
