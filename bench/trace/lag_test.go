@@ -26,7 +26,6 @@ type lagDriver struct {
 	waits          int
 	failEvery      int // every failEvery-th EventCreate, EventRecord and EventQuery fails, if > 0
 	calls          int
-	queries        int // EventQuery calls
 }
 
 func newLagDriver(t *testing.T, lag, pre, step int64) *lagDriver {
@@ -67,7 +66,6 @@ func (d *lagDriver) EventRecord(e vmm.Event, s vmm.Stream) error {
 }
 
 func (d *lagDriver) EventQuery(e vmm.Event) (bool, error) {
-	d.queries++
 	if _, err := d.Driver.EventQuery(e); err != nil {
 		return false, err
 	}
@@ -145,20 +143,14 @@ func TestRecordedLoopWaitFree(t *testing.T) {
 				s, l, pre = perturb(t, short, seed), perturb(t, long, seed), pre+1 // the perturbation's first block
 			}
 			rs := replayLagging(t, newLagDriver(t, lag, pre, end-first), s)
-			dl := newLagDriver(t, lag, pre, end-first)
-			rl := replayLagging(t, dl, l)
+			rl := replayLagging(t, newLagDriver(t, lag, pre, end-first), l)
 			waits := rl.Syncs - rs.Syncs
 			total += waits
-			t.Logf("lag %d, seed %d: %d waits in 12 steady steps; ratio %.5f; %d event queries", lag, seed, waits, rl.Ratio, dl.queries)
+			t.Logf("lag %d, seed %d: %d waits in 12 steady steps; ratio %.5f", lag, seed, waits, rl.Ratio)
 			if seed == 0 {
 				require.Zero(t, waits, "lag %d: the recorded loop waits for the GPU in its steady steps", lag)
 				require.Equal(t, calm.Ratio, rl.Ratio, "lag %d: the recorded loop's ratio", lag)
 			}
-			// A mark polled in vain is not polled again (retiredBusyLocked):
-			// the holes a chain growth passes over while the GPU is behind
-			// cost a question each. Polling each again asked 2.3 to 3.3
-			// questions an event here.
-			require.LessOrEqual(t, dl.queries, len(l.Events)/2, "lag %d, seed %d: event queries", lag, seed)
 		}
 		require.LessOrEqual(t, total, int64(40), "lag %d: waits in the perturbed loops' steady steps", lag)
 	}

@@ -22,7 +22,6 @@ type streamMark struct {
 	inFlight bool      // ev recorded and not yet seen complete
 	idle     uint64    // blocks with freed < idle are idle
 	tried    uint64    // h.mu.freeSeq when the slow path last asked the driver
-	polled   uint64    // seq of the mark retiredBusyLocked last polled in vain
 }
 
 // markEvery is how many frees pass between two marks of a stream at least.

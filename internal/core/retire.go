@@ -192,9 +192,7 @@ func (h *Heap) settleAllRetiredLocked(synced bool) error {
 // stream completes within
 // microseconds on a GPU (at once on the host backend), so that only a
 // stream still running work queued before the free makes the range busy
-// and an idle GPU places blocks as the host does. A mark polled in vain
-// is not polled again: the other holes a chain growth tries while it is
-// in flight cost a question each, not idlePoll each. During a capture
+// and an idle GPU places blocks as the host does. During a capture
 // nothing is asked.
 func (h *Heap) retiredBusyLocked(seg *Seg, lo, hi vmm.DevicePtr) bool {
 	if len(seg.retired) == 0 {
@@ -217,17 +215,11 @@ func (h *Heap) retiredBusyLocked(seg *Seg, lo, hi vmm.DevicePtr) bool {
 		}
 		h.refreshMarkLocked(seg.Stream, m)
 	}
-	if need < m.idle || !m.inFlight || m.seq <= need || m.polled == m.seq {
-		return need >= m.idle
-	}
 	t0 := time.Now()
-	for tries := 0; tries < idleTries || time.Since(t0) < idlePoll; tries++ {
-		if h.markPassedLocked(m) {
-			return need >= m.idle
-		}
+	for tries := 0; need >= m.idle && m.inFlight && m.seq > need && (tries < idleTries || time.Since(t0) < idlePoll); tries++ {
+		h.markPassedLocked(m)
 	}
-	m.polled = m.seq
-	return true
+	return need >= m.idle
 }
 
 // idlePoll is how long retiredBusyLocked waits for a mark it just
