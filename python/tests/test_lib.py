@@ -607,6 +607,27 @@ def test_unknown_policy_is_refused(run_py):
     assert "not a policy" in out and "steady" in out, out
 
 
+@pytest.mark.parametrize("value,error", [("yes", "not a boolean"), ("", "not a boolean"), ("2", "not a boolean"), ("1", None)])
+def test_settle_chains_takes_a_boolean(run_py, value, error):
+    # settle_chains (issue 17, round 46) is parsed as every boolean key:
+    # anything but true/false/1/0 is refused with the key named, and
+    # nothing is allocated or configured by the refusal.
+    proc = run_py(f"""
+        try:
+            xseg.configure("settle_chains:{value}")
+            p = xseg.malloc(3 * MiB)
+            xseg.free(p)
+            print(json.dumps("accepted"))
+        except ValueError as e:
+            print(json.dumps(str(e) + " | reserved " + str(stats()["reserved_bytes.all.current"])))
+    """)
+    out = last_json(proc)
+    if error is None:
+        assert out == "accepted", out
+    else:
+        assert "settle_chains" in out and error in out and out.endswith("| reserved 0"), out
+
+
 def test_bad_XSEG_CONF_fails_the_first_allocation(run_py):
     proc = run_py("""
         try:
